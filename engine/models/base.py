@@ -1,0 +1,155 @@
+"""A decoder-only transformer over a flat token layout, shared by Llama, Qwen3 and Gemma 3.
+
+Tokens of all sequences in a step are concatenated: `[num_tokens, hidden]`,
+explicit positions, no padding. Attention goes through the paged interface in
+`infer.kernels`; the KV cache and its metadata are passed in, never global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from infer import kernels
+from infer.engine.model_config import ModelConfig
+from infer.kernels import AttentionMetadata, AttentionSpec
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """What one forward pass reads besides the weights."""
+
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    attn: AttentionMetadata
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: [num_blocks, block_size, kv_heads, hd]
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight, self.eps = _param(dim), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.rms_norm(x, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.qkv_proj = _param(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
+        self.qkv_bias = _param(cfg.q_size + 2 * cfg.kv_size) if cfg.attention_bias else None
+        self.o_proj = _param(cfg.hidden_size, cfg.q_size)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.spec = AttentionSpec(cfg.attn_scale, cfg.sliding_windows[layer], cfg.attn_softcap)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        step: StepInput,
+        rope_cache: torch.Tensor,  # [max_positions, rotary_dim]
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        cfg = self.cfg
+        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(-1, cfg.num_heads, cfg.head_dim)  # [num_tokens, heads, head_dim]
+        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)  # [num_tokens, kv_heads, head_dim]
+        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = kernels.apply_rotary(q, step.positions, rope_cache)
+        k = kernels.apply_rotary(k, step.positions, rope_cache)
+        out = kernels.paged_attention(q, k, v, kv_cache[0], kv_cache[1], step.attn, self.spec)
+        return F.linear(out.reshape(-1, cfg.q_size), self.o_proj)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.hidden_act not in ("silu", "gelu_pytorch_tanh"):
+            raise ValueError(f"unsupported activation {cfg.hidden_act!r} (silu, gelu_pytorch_tanh)")
+        self.gate_up_proj = _param(2 * cfg.intermediate_size, cfg.hidden_size)
+        self.down_proj = _param(cfg.hidden_size, cfg.intermediate_size)
+        self.is_gelu = cfg.hidden_act == "gelu_pytorch_tanh"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+        gate_up = F.linear(x, self.gate_up_proj)  # [num_tokens, 2 * intermediate]
+        act = kernels.gelu_tanh_and_mul(gate_up) if self.is_gelu else kernels.silu_and_mul(gate_up)
+        return F.linear(act, self.down_proj)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        eps = cfg.rms_norm_eps
+        self.self_attn, self.mlp = Attention(cfg, layer), MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.sandwich = cfg.sandwich_norm
+        if cfg.sandwich_norm:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        step: StepInput,
+        rope_cache: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(x), step, rope_cache, kv_cache)
+        if not self.sandwich:
+            # pre-norm (Llama, Qwen3)
+            norm = self.post_attention_layernorm
+            normed, h = kernels.fused_add_rms_norm(attn, x, norm.weight, norm.eps)
+            return h + self.mlp(normed)
+        # sandwich norms (Gemma 3)
+        h = x + self.post_attention_layernorm(attn)
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+
+class CausalLM(nn.Module):
+    """Embeddings, decoder layers, final norm and LM head; HF-compatible parameter names."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        tied = cfg.tie_word_embeddings
+        self.lm_head = self.embed_tokens if tied else _param(cfg.vocab_size, cfg.hidden_size)
+        # one RoPE table per distinct config (Gemma 3 has a local and a global one)
+        ropes = sorted(set(cfg.ropes), key=cfg.ropes.index)
+        self.rope_index = [ropes.index(r) for r in cfg.ropes]
+        num_positions = max_positions or cfg.max_position_embeddings
+        self.rope_caches = [kernels.cos_sin_cache(r, num_positions) for r in ropes]
+
+    def to_device(self, device: torch.device, dtype: torch.dtype) -> CausalLM:
+        self.to(device=device, dtype=dtype)
+        self.rope_caches = [c.to(device) for c in self.rope_caches]
+        return self
+
+    def forward(self, step: StepInput) -> torch.Tensor:  # [num_tokens, hidden]
+        x = F.embedding(step.input_ids, self.embed_tokens)
+        if self.cfg.embed_scale != 1.0:
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, step, self.rope_caches[self.rope_index[i]], step.kv_caches[i])
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab] fp32
+        logits = F.linear(hidden, self.lm_head).float()
+        if self.cfg.final_softcap is not None:
+            logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
+        return logits

@@ -1,0 +1,1 @@
+"""infer: an LLM inference microservice."""

@@ -1,0 +1,192 @@
+"""Paged, variable-length attention: the PyTorch reference (the CPU path).
+
+One call serves a flat batch that mixes decode tokens (query length 1) and
+prefill chunks (query length > 1) of many sequences. New keys and values are
+written through a slot mapping; all keys and values are read back through
+block tables, so a sequence's context may live in any physical blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """A layer's attention settings."""
+
+    scale: float
+    sliding_window: int | None = None  # a query sees keys at distance < sliding_window
+    softcap: float | None = None  # logits become tanh(logits / softcap) * softcap
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where each token of a flat batch writes its K/V and which context it reads.
+
+    Sequence `i` owns tokens `query_start_loc[i]:query_start_loc[i + 1]` of the
+    batch; they are the last `query_lens[i]` tokens of its `seq_lens[i]` tokens.
+    """
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: physical KV slot of each new token
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32, padded with 0
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32: context length including the new tokens
+    query_lens: tuple[int, ...]  # host copy of the per-sequence query lengths
+    context_lens: tuple[int, ...]  # host copy of seq_lens
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+
+def write_kv_ref(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64; a negative slot skips the token
+) -> None:
+    """Store each token's key and value at its physical slot (block * block_size + offset)."""
+    num_blocks, block_size = k_cache.shape[:2]
+    flat_k = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
+    flat_v = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
+    slots = slot_mapping.long()
+    if bool((slots < 0).any()):
+        keep = slots >= 0
+        key, value, slots = key[keep], value[keep], slots[keep]
+    flat_k.index_copy_(0, slots, key.to(k_cache.dtype))
+    flat_v.index_copy_(0, slots, value.to(v_cache.dtype))
+
+
+def _attend(
+    q: torch.Tensor,  # [batch, num_heads, q_len, head_dim]
+    k: torch.Tensor,  # [batch, num_kv_heads, kv_len, head_dim]
+    v: torch.Tensor,  # [batch, num_kv_heads, kv_len, head_dim]
+    mask: torch.Tensor | None,  # [batch, 1, q_len, kv_len] bool (True = attend), None = causal
+    spec: AttentionSpec,
+) -> torch.Tensor:  # [batch, num_heads, q_len, head_dim]
+    scale, softcap = spec.scale, spec.softcap
+    group = q.shape[1] // k.shape[1]
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=group > 1
+        )
+    # NOTE: SDPA cannot cap logits, so the capped path spells the softmax out.
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        q_len, kv_len = q.shape[2], k.shape[2]
+        mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), v.float()).to(q.dtype)
+
+
+def _visible(
+    q_pos: torch.Tensor,  # [..., q_len, 1]
+    k_pos: torch.Tensor,  # [..., 1, kv_len]
+    sliding_window: int | None,
+) -> torch.Tensor:  # [..., q_len, kv_len] bool
+    visible = k_pos <= q_pos
+    if sliding_window is not None:
+        visible &= k_pos > q_pos - sliding_window
+    return visible
+
+
+def _gather_context(
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [batch, num_blocks_used]
+) -> torch.Tensor:  # [batch, num_kv_heads, num_blocks_used * block_size, head_dim]
+    batch, num_blocks_used = block_tables.shape
+    ctx = cache[block_tables.long()]  # [batch, blocks, block_size, kv_heads, head_dim]
+    return ctx.view(batch, num_blocks_used * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
+
+
+def _decode(
+    q: torch.Tensor,  # [num_decodes, num_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_decodes, max_blocks]
+    context_lens: list[int],
+    spec: AttentionSpec,
+) -> torch.Tensor:  # [num_decodes, num_heads, head_dim]
+    block_size = k_cache.shape[1]
+    num_blocks_used = -(-max(context_lens) // block_size)
+    tables = block_tables[:, :num_blocks_used]
+    k, v = _gather_context(k_cache, tables), _gather_context(v_cache, tables)
+    lens = torch.tensor(context_lens, device=q.device)
+    k_pos = torch.arange(k.shape[2], device=q.device).view(1, 1, 1, -1)
+    q_pos = (lens - 1).view(-1, 1, 1, 1)
+    mask = _visible(q_pos, k_pos, spec.sliding_window)  # [num_decodes, 1, 1, kv_len]
+    return _attend(q.unsqueeze(2), k, v, mask, spec).squeeze(2)
+
+
+def _prefill(
+    q: torch.Tensor,  # [query_len, num_heads, head_dim]
+    k: torch.Tensor,  # [1, num_kv_heads, context_len, head_dim]
+    v: torch.Tensor,  # [1, num_kv_heads, context_len, head_dim]
+    spec: AttentionSpec,
+) -> torch.Tensor:  # [query_len, num_heads, head_dim]
+    query_len, context_len = q.shape[0], k.shape[2]
+    mask = None
+    if spec.sliding_window is not None or context_len != query_len or spec.softcap is not None:
+        q_pos = torch.arange(context_len - query_len, context_len, device=q.device).view(-1, 1)
+        k_pos = torch.arange(context_len, device=q.device).view(1, -1)
+        mask = _visible(q_pos, k_pos, spec.sliding_window).view(1, 1, query_len, context_len)
+    out = _attend(q.transpose(0, 1).unsqueeze(0), k, v, mask, spec)
+    return out.squeeze(0).transpose(0, 1)
+
+
+def _chunk_context(
+    key: torch.Tensor,  # [query_len, num_kv_heads, head_dim], this step's keys (or values)
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_table: torch.Tensor,  # [max_blocks]
+    context_len: int,
+) -> torch.Tensor:  # [1, num_kv_heads, context_len, head_dim]
+    if context_len == key.shape[0]:
+        # prefill from scratch: this step's keys are the whole context
+        return key.transpose(0, 1).unsqueeze(0)
+    table = block_table[: -(-context_len // cache.shape[1])].unsqueeze(0)
+    return _gather_context(cache, table)[:, :, :context_len]
+
+
+def paged_attention_ref(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    spec: AttentionSpec,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Write this step's K/V into the cache, then attend each query to its visible context.
+
+    Decode tokens of all sequences are batched into one call; each prefill chunk
+    is one call (a loop over sequences, never over tokens).
+    """
+    assert query.dim() == 3 and key.shape == value.shape and query.shape[0] == meta.num_tokens
+    write_kv_ref(key, value, k_cache, v_cache, meta.slot_mapping)
+    out = torch.empty_like(query)
+    starts = meta.query_start_loc.tolist()
+    decodes = [i for i, n in enumerate(meta.query_lens) if n == 1]
+    if decodes:
+        rows = torch.tensor([starts[i] for i in decodes], device=query.device)
+        tables = meta.block_tables[decodes] if len(decodes) < meta.num_seqs else meta.block_tables
+        lens = [meta.context_lens[i] for i in decodes]
+        out[rows] = _decode(query[rows], k_cache, v_cache, tables, lens, spec)
+    for i, n in enumerate(meta.query_lens):
+        if n > 1:
+            s, table, ctx = slice(starts[i], starts[i] + n), meta.block_tables[i], meta.context_lens[i]
+            k = _chunk_context(key[s], k_cache, table, ctx)
+            v = _chunk_context(value[s], v_cache, table, ctx)
+            out[s] = _prefill(query[s], k, v, spec)
+    return out
