@@ -26,8 +26,6 @@ class Target:
 
 # checkpoint tensors that carry nothing we use
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq$|^(model\.)?(vision_tower|multi_modal_projector)\.)")
-    r"(rotary_emb\.inv_freq$|^vision_tower\.|^multi_modal_projector\.|^model\.vision_tower\.)"
-)
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
