@@ -1,0 +1,66 @@
+"""Engine settings: one frozen, validated dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import torch
+
+from infer.engine.validation import check
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # a Hugging Face directory; None = the default model
+    max_model_len: int = 2048  # prompt + generated tokens of one request
+    max_num_seqs: int = 64  # requests running at once
+    max_num_batched_tokens: int = 512  # token budget of one step
+    block_size: int = 16  # tokens per KV block
+    kv_cache_memory_bytes: int = 1 << 30  # KV pool size, unless num_blocks is given
+    num_blocks: int | None = None
+    max_waiting_requests: int = 1024  # queue bound; more is refused
+    batching: Literal["continuous", "static"] = "continuous"
+    kv_reserve: Literal["paged", "full"] = "paged"  # full: max_model_len of blocks at admission
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    static_batch_wait_s: float = 0.05  # static batching: how long to gather a batch
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+                    "kv_cache_memory_bytes", "max_waiting_requests")  # fmt: skip
+        for name in positive:
+            check(name, int(getattr(self, name)) > 0, "must be > 0")
+        check("num_blocks", self.num_blocks is None or self.num_blocks > 0, "must be > 0")
+        check("batching", self.batching in ("continuous", "static"), "must be 'continuous' or 'static'")
+        check("kv_reserve", self.kv_reserve in ("paged", "full"), "must be 'paged' or 'full'")
+        check("dtype", self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}")
+        check("static_batch_wait_s", self.static_batch_wait_s >= 0, "must be >= 0")
+        if not self.enable_chunked_prefill:
+            check("max_num_batched_tokens", self.max_num_batched_tokens >= self.max_model_len,
+                   "must be >= max_model_len when chunked prefill is off")  # fmt: skip
+        try:
+            torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(f"device: {self.device!r} is not a torch device") from None
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown engine setting(s): {', '.join(unknown)}")
+        return cls(**values)

@@ -1,0 +1,286 @@
+"""EngineCore: the step loop. Schedule, run one forward pass, sample, then stream deltas.
+
+Requests and aborts arrive through a thread-safe inbox and are taken in at the
+start of a step. Outputs leave through each request's sink callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from infer.engine.block_manager import BlockManager
+from infer.engine.config import EngineConfig
+from infer.engine.detokenizer import IncrementalDetokenizer
+from infer.engine.loader import load_model, load_model_config
+from infer.engine.request import FinishReason, Request, RequestOutput, Timings, Usage
+from infer.engine.runner import ModelRunner, SeqWork, kv_cache_bytes_per_block
+from infer.engine.sampler import Sampler, SamplerOutput, SamplingRow
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.scheduler import Scheduler, SchedulerOutput
+from infer.engine.tokenizer import Tokenizer
+from infer.engine.validation import check
+
+logger = logging.getLogger(__name__)
+
+Sink = Callable[[RequestOutput], None]
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue holds max_waiting_requests already; retry later."""
+
+
+@dataclass
+class _Live:
+    """Engine-side companions of a request: its sink, detokenizer and generator."""
+
+    request: Request
+    sink: Sink
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None
+
+
+def resolve_model_dir(model: str | None) -> Path:
+    if model is not None:
+        return Path(model).expanduser()
+    from infer.engine.default_model import default_model_dir
+
+    return default_model_dir()
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_dir = resolve_model_dir(config.model)
+        self.model_config = load_model_config(self.model_dir)
+        max_positions = self.model_config.max_position_embeddings
+        check("max_model_len", config.max_model_len <= max_positions,
+              f"must be <= the model's max_position_embeddings ({max_positions})")  # fmt: skip
+        self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        model = load_model(self.model_dir, config.torch_dtype, config.device, config.max_model_len)
+        self.num_blocks = config.num_blocks or config.kv_cache_memory_bytes // kv_cache_bytes_per_block(
+            model, config.block_size, config.torch_dtype
+        )
+        check("num_blocks", self.num_blocks >= config.max_blocks_per_seq,
+              f"the KV pool ({self.num_blocks} blocks) must hold one max_model_len request "
+              f"({config.max_blocks_per_seq} blocks)")  # fmt: skip
+        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(model, self.num_blocks, config.block_size)
+        self.sampler = Sampler(config.seed, self.runner.device)
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
+            self.model_config.eos_token_ids
+        )
+        self.live: dict[str, _Live] = {}
+        self.num_steps = 0
+        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._num_queued = 0  # accepted but not yet scheduled: bounded by max_waiting_requests
+        self._ids_in_flight: set[str] = set()
+        self.wakeup = threading.Event()
+
+    # intake (thread-safe)
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        check("prompt", len(prompt_token_ids) > 0, "must not be empty")
+        vocab = self.model_config.vocab_size
+        check(
+            "prompt_token_ids", all(0 <= t < vocab for t in prompt_token_ids), f"ids must be in [0, {vocab})"
+        )
+        total = len(prompt_token_ids) + params.max_tokens
+        check("max_tokens", total <= self.config.max_model_len,
+              f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+              f"max_model_len ({self.config.max_model_len})")  # fmt: skip
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, sink: Sink
+    ) -> None:
+        """Validate and enqueue; ValueError for bad input, QueueFullError when the queue is full."""
+        self.validate(prompt_token_ids, params)
+        with self._lock:
+            check("request_id", request_id not in self._ids_in_flight, f"{request_id!r} is already in flight")
+            if self._num_queued >= self.config.max_waiting_requests:
+                raise QueueFullError(f"{self._num_queued} requests are waiting (max_waiting_requests)")
+            self._num_queued += 1
+            self._ids_in_flight.add(request_id)
+        request = Request(request_id, list(prompt_token_ids), params, time.monotonic())
+        self._inbox.put(("add", (request, sink)))
+        self.wakeup.set()
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+        self.wakeup.set()
+
+    @property
+    def num_queued(self) -> int:
+        return self._num_queued
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work or not self._inbox.empty()
+
+    def _drain_inbox(self) -> None:
+        while not self._inbox.empty():
+            kind, payload = self._inbox.get_nowait()
+            if kind == "add":
+                request, sink = payload  # type: ignore[misc]
+                self._admit(request, sink)
+            elif isinstance(payload, str) and payload in self.live:
+                self._finish(self.live[payload], FinishReason.ABORT)
+
+    def _admit(self, request: Request, sink: Sink) -> None:
+        p = request.params
+        generator = None
+        if p.seed is not None and not p.is_greedy:
+            generator = torch.Generator(device=self.runner.device)
+            generator.manual_seed(p.seed)
+        detok = IncrementalDetokenizer(
+            self.tokenizer, request.prompt_token_ids, p.skip_special_tokens, p.stop
+        )
+        self.live[request.request_id] = _Live(request, sink, detok, generator)
+        self.scheduler.add(request)
+
+    # the step
+    def step(self) -> bool:
+        """One engine step; False when there was nothing to run."""
+        self._drain_inbox()
+        out = self.scheduler.schedule(time.monotonic())
+        self._count_admitted()
+        if out.is_empty:
+            return False
+        self.num_steps += 1
+        work, sampling = self._work(out)
+        logits = self._forward(work, sampling)
+        sampling = [rid for rid in sampling if rid in self.live]
+        sampled = self._sample(logits[: len(sampling)] if logits is not None else None, sampling)
+        self.scheduler.update(out, {rid: t for rid, (t, _) in sampled.items()})
+        for rid, (token_id, logprob) in sampled.items():
+            self._postprocess(self.live[rid], token_id, logprob)
+        return True
+
+    def _count_admitted(self) -> None:
+        with self._lock:
+            self._num_queued = sum(1 for r in self.scheduler.waiting if r.first_scheduled_s is None)
+            self._num_queued += self._inbox.qsize()
+
+    def _work(self, out: SchedulerOutput) -> tuple[list[tuple[str, SeqWork]], list[str]]:
+        work: list[tuple[str, SeqWork]] = []
+        sampling: list[str] = []
+        for rid, n in out.num_scheduled_tokens.items():
+            r = self.scheduler.requests[rid]
+            start = r.num_computed_tokens
+            needs_logits = start + n == r.num_tokens
+            tokens = r.all_token_ids[start : start + n]
+            work.append((rid, SeqWork(tokens, start, self.block_manager.block_table(rid), needs_logits)))
+            if needs_logits:
+                sampling.append(rid)
+        return work, sampling
+
+    def _forward(self, work: list[tuple[str, SeqWork]], sampling: list[str]) -> torch.Tensor | None:
+        try:
+            return self.runner.execute([w for _, w in work])
+        except Exception:
+            logger.exception("forward pass failed; retrying its requests one by one")
+        # isolate: the requests that fail alone fail; the others go on
+        rows: list[torch.Tensor] = []
+        for rid, w in work:
+            try:
+                logits = self.runner.execute([w])
+            except Exception as e:
+                self._fail(rid, e)
+                continue
+            if w.needs_logits:
+                rows.append(logits)
+        return torch.cat(rows) if rows else None
+
+    def _sample(self, logits: torch.Tensor | None, rids: list[str]) -> dict[str, tuple[int, object]]:
+        if logits is None or not rids:
+            return {}
+        rows = [self._sampling_row(self.live[rid]) for rid in rids]
+        try:
+            out: SamplerOutput = self.sampler(logits, rows)
+            return {rid: (out.token_ids[i], out.logprobs[i]) for i, rid in enumerate(rids)}
+        except Exception:
+            logger.exception("sampling failed; retrying its requests one by one")
+        result: dict[str, tuple[int, object]] = {}
+        for i, rid in enumerate(rids):
+            try:
+                one = self.sampler(logits[i : i + 1], rows[i : i + 1])
+                result[rid] = (one.token_ids[0], one.logprobs[0])
+            except Exception as e:
+                self._fail(rid, e)
+        return result
+
+    def _sampling_row(self, live: _Live) -> SamplingRow:
+        r, p = live.request, live.request.params
+        banned: tuple[int, ...] = ()
+        if r.num_output_tokens < p.min_tokens:
+            banned = tuple(self.eos_token_ids | set(p.stop_token_ids))
+        return SamplingRow(p, r.prompt_token_ids, r.output_token_ids, live.generator, banned)
+
+    def _postprocess(self, live: _Live, token_id: int, logprob: object) -> None:
+        try:
+            self._emit_token(live, token_id, logprob)
+        except Exception as e:
+            self._fail(live.request.request_id, e)
+
+    def _emit_token(self, live: _Live, token_id: int, logprob: object) -> None:
+        r, p = live.request, live.request.params
+        if r.first_token_s is None:
+            r.first_token_s = time.monotonic()
+        logprobs = [logprob] if p.logprobs is not None else None
+        reason: FinishReason | None = None
+        text = ""
+        if token_id in p.stop_token_ids or (token_id in self.eos_token_ids and not p.ignore_eos):
+            reason = FinishReason.STOP
+        else:
+            text = live.detokenizer.push([token_id])
+            if live.detokenizer.stopped_on is not None:
+                reason = FinishReason.STOP
+        if reason is None and (
+            r.num_output_tokens >= p.max_tokens or r.num_tokens >= self.config.max_model_len
+        ):
+            reason = FinishReason.LENGTH
+        if reason is None:
+            live.sink(RequestOutput(r.request_id, [token_id], text, logprobs))  # type: ignore[arg-type]
+            return
+        self._finish(live, reason, [token_id], text, logprobs)
+
+    def _finish(
+        self,
+        live: _Live,
+        reason: FinishReason,
+        token_ids: Sequence[int] = (),
+        text: str = "",
+        logprobs: object = None,
+        error: str | None = None,
+    ) -> None:
+        r = live.request
+        self.scheduler.finish(r.request_id)
+        del self.live[r.request_id]
+        with self._lock:
+            self._ids_in_flight.discard(r.request_id)
+        if reason in (FinishReason.LENGTH, FinishReason.STOP) and live.detokenizer.stopped_on is None:
+            text += live.detokenizer.flush()
+        now = time.monotonic()
+        usage = Usage(r.num_prompt_tokens, r.num_output_tokens, r.num_cached_tokens)
+        timings = Timings(
+            queue_s=(r.first_scheduled_s or now) - r.arrival_time_s,
+            ttft_s=(r.first_token_s or now) - r.arrival_time_s,
+            total_s=now - r.arrival_time_s,
+            num_preemptions=r.num_preemptions,
+        )
+        out = RequestOutput(r.request_id, list(token_ids), text, logprobs, reason, usage, timings, error)  # type: ignore[arg-type]
+        live.sink(out)
+
+    def _fail(self, request_id: str, error: BaseException) -> None:
+        logger.error("request %s failed: %r", request_id, error)
+        live = self.live.get(request_id)
+        if live is not None:
+            self._finish(live, FinishReason.ERROR, error=f"{type(error).__name__}: {error}")

@@ -1,0 +1,70 @@
+"""The offline API: `LLM(model).generate(prompts, params)` for scripts and benchmarks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infer.engine.config import EngineConfig
+from infer.engine.core import EngineCore
+from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
+from infer.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    prompt_token_ids: list[int]
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+    error: str | None = None
+
+    def add(self, delta: RequestOutput) -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
+        if delta.finished:
+            self.finish_reason, self.usage, self.timings = delta.finish_reason, delta.usage, delta.timings
+            self.error = delta.error
+
+
+class LLM:
+    """Runs the engine in the calling thread until every prompt is done."""
+
+    def __init__(self, model: str | None = None, **settings: Any) -> None:
+        self.core = EngineCore(EngineConfig.from_dict({"model": model, **settings}))
+        self.tokenizer = self.core.tokenizer
+        self._next_id = 0
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[CompletionOutput]:
+        """One output per prompt, in order. Prompts are text or token id lists."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        items = list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(items)
+        if len(params) != len(items):
+            raise ValueError(f"params: {len(params)} given for {len(items)} prompts")
+        encoded = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in items]
+        for ids, p in zip(encoded, params, strict=True):
+            self.core.validate(ids, p)
+        outputs = [CompletionOutput(ids) for ids in encoded]
+        for out, p in zip(outputs, params, strict=True):
+            self._next_id += 1
+            self.core.add_request(f"llm-{self._next_id}", out.prompt_token_ids, p, out.add)
+        while any(o.finish_reason is None for o in outputs):
+            if not self.core.step() and not self.core.has_work:
+                raise RuntimeError("engine stopped with unfinished requests")
+        return outputs
+
+    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> CompletionOutput:
+        return self.generate([self.tokenizer.encode_chat(messages)], params)[0]

@@ -1,0 +1,92 @@
+"""A request's state inside the engine, and the deltas it streams out."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from infer.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # eos, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or max_model_len
+    ABORT = "abort"  # cancelled by the caller
+    ERROR = "error"  # this request failed; the engine goes on
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time_s: float
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    status: RequestStatus = RequestStatus.WAITING
+    num_preemptions: int = 0
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), best first
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_s: float  # arrival to first scheduled
+    ttft_s: float  # arrival to first token
+    total_s: float
+    num_preemptions: int
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One streamed delta: new tokens and text; the last one also says why and how it ended."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

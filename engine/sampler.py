@@ -1,0 +1,127 @@
+"""Batched sampling on the device: penalties, temperature, top-k, top-p, min-p, seeds, logprobs.
+
+Greedy rows take the argmax. Sampled rows draw with the exponential-race trick
+(argmax of probs / Exp(1) noise), so a request with a seed draws its noise
+from its own generator and gets the same tokens whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from infer.engine.request import TokenLogprob
+from infer.engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """What the sampler needs of one request."""
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    generator: torch.Generator | None  # set for seeded requests
+    banned_token_ids: Sequence[int] = ()  # eos and stop ids while min_tokens is not reached
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
+def _apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    vocab = logits.shape[-1]
+    for i, row in enumerate(rows):
+        p = row.params
+        if not p.has_penalties:
+            continue
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(list(row.prompt_token_ids) + list(row.output_token_ids), device=logits.device)
+            seen = seen[seen < vocab].unique()
+            picked = logits[i, seen]
+            rp = p.repetition_penalty
+            logits[i, seen] = torch.where(picked > 0, picked / rp, picked * rp)
+        if row.output_token_ids and (p.presence_penalty or p.frequency_penalty):
+            out = torch.tensor(row.output_token_ids, device=logits.device)
+            counts = torch.zeros(vocab, device=logits.device).index_add_(
+                0, out, torch.ones_like(out, dtype=torch.float)
+            )
+            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+
+
+def _filter(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Temperature, then top-k / top-p / min-p masks, on the rows that sample."""
+    dev = logits.device
+    temps = torch.tensor([r.params.temperature for r in rows], device=dev).unsqueeze(1)
+    logits = logits / temps
+    top_k = [r.params.top_k for r in rows]
+    top_p = [r.params.top_p for r in rows]
+    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        rank = torch.arange(logits.shape[-1], device=dev).unsqueeze(0)
+        k = torch.tensor([k if k > 0 else logits.shape[-1] for k in top_k], device=dev).unsqueeze(1)
+        drop = rank >= k
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop |= mass_before >= torch.tensor(top_p, device=dev).unsqueeze(1)  # the first token always stays
+        logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    min_p = torch.tensor([r.params.min_p for r in rows], device=dev).unsqueeze(1)
+    if bool((min_p > 0).any()):
+        probs = logits.softmax(dim=-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+    return logits
+
+
+def _draw(
+    logits: torch.Tensor, rows: Sequence[SamplingRow], generator: torch.Generator | None
+) -> torch.Tensor:
+    probs = logits.softmax(dim=-1)
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    for i, row in enumerate(rows):
+        if row.generator is not None:
+            noise[i].exponential_(generator=row.generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def _logprobs(
+    logprobs: torch.Tensor, token_ids: list[int], rows: Sequence[SamplingRow]
+) -> list[TokenLogprob | None]:
+    out: list[TokenLogprob | None] = []
+    for i, row in enumerate(rows):
+        n = row.params.logprobs
+        if n is None:
+            out.append(None)
+            continue
+        top_values, top_ids = logprobs[i].topk(n) if n > 0 else (logprobs[i][:0], logprobs[i][:0].long())
+        top = tuple(zip(top_ids.tolist(), top_values.tolist(), strict=True))
+        out.append(TokenLogprob(token_ids[i], float(logprobs[i, token_ids[i]]), top))
+    return out
+
+
+class Sampler:
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+        """logits: [num_rows, vocab] fp32, one row per request that samples this step."""
+        assert logits.shape[0] == len(rows)
+        logits = logits.clone()
+        _apply_penalties(logits, rows)
+        for i, row in enumerate(rows):
+            if row.banned_token_ids:
+                logits[i, list(row.banned_token_ids)] = float("-inf")
+        token_ids = logits.argmax(dim=-1)
+        sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+        if sampled:
+            sub_rows = [rows[i] for i in sampled]
+            idx = torch.tensor(sampled, device=logits.device)
+            token_ids[idx] = _draw(_filter(logits[idx], sub_rows), sub_rows, self.generator)
+        ids = token_ids.tolist()
+        if all(r.params.logprobs is None for r in rows):
+            return SamplerOutput(ids, [None] * len(rows))
+        return SamplerOutput(ids, _logprobs(logits.log_softmax(dim=-1), ids, rows))

@@ -1,0 +1,53 @@
+"""Per-request sampling parameters, validated at the edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infer.engine.validation import check
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # > 1 discourages tokens seen in prompt or output
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None = off; n = the sampled token's logprob and the top n
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        # accept lists from callers; keep the dataclass hashable
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        check("max_tokens", self.max_tokens >= 1, "must be >= 1")
+        check("temperature", 0.0 <= self.temperature <= 100.0, "must be in [0, 100]")
+        check("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]")
+        check("top_k", self.top_k >= 0, "must be >= 0 (0 = off)")
+        check("min_p", 0.0 <= self.min_p <= 1.0, "must be in [0, 1]")
+        check("repetition_penalty", 0.0 < self.repetition_penalty <= 10.0, "must be in (0, 10]")
+        check("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]")
+        check("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]")
+        check("min_tokens", 0 <= self.min_tokens <= self.max_tokens, "must be in [0, max_tokens]")
+        check("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]")
+        check("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings")
+        check("stop", len(self.stop) <= 16, "at most 16 stop strings")
+        check("stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "must be >= 0")
+        check("seed", self.seed is None or 0 <= self.seed < 2**63, "must be in [0, 2**63)")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

@@ -1,0 +1,157 @@
+"""Scheduler: token budget, decode first, chunking, FCFS, max_num_seqs, static batching, preemption."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infer.engine.block_manager import BlockManager
+from infer.engine.config import EngineConfig
+from infer.engine.request import Request, RequestStatus
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.scheduler import Scheduler, SchedulerOutput
+
+
+def make(num_blocks: int = 64, **settings: Any) -> Scheduler:
+    cfg = EngineConfig(**{"block_size": 4, "max_model_len": 64, "num_blocks": num_blocks, **settings})
+    return Scheduler(cfg, BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching))
+
+
+def add(s: Scheduler, rid: str, prompt_len: int, now: float = 0.0, max_tokens: int = 8) -> Request:
+    req = Request(rid, [100 + i for i in range(prompt_len)], SamplingParams(max_tokens=max_tokens), now)
+    s.add(req)
+    return req
+
+
+def step(s: Scheduler, now: float = 0.0) -> SchedulerOutput:
+    """Schedule, then pretend the forward pass ran and each caught-up request sampled token 7."""
+    out = s.schedule(now)
+    caught_up = [
+        rid
+        for rid, n in out.num_scheduled_tokens.items()
+        if s.requests[rid].num_computed_tokens + n == s.requests[rid].num_tokens
+    ]
+    s.update(out, dict.fromkeys(caught_up, 7))
+    return out
+
+
+def test_budget_is_never_exceeded_and_long_prompt_is_chunked() -> None:
+    s = make(max_num_batched_tokens=16)
+    add(s, "long", 40)
+    chunks = [step(s).num_scheduled_tokens["long"] for _ in range(3)]
+    assert chunks == [16, 16, 8]
+    assert s.requests["long"].num_output_tokens == 1  # sampled only after the last chunk
+
+
+def test_decodes_go_first_then_prefill_chunks_then_waiting() -> None:
+    s = make(max_num_batched_tokens=8)
+    add(s, "a", 3)
+    step(s)  # a prefilled, now decoding
+    add(s, "b", 20)
+    out = step(s)
+    assert list(out.num_scheduled_tokens) == ["a", "b"]
+    assert out.num_scheduled_tokens == {"a": 1, "b": 7}
+    add(s, "c", 5)
+    out = step(s)
+    # a's decode, then b's chunk in progress; c waits: no budget left
+    assert out.num_scheduled_tokens == {"a": 1, "b": 7}
+    assert s.requests["c"].status is RequestStatus.WAITING
+
+
+def test_waiting_requests_are_admitted_fcfs() -> None:
+    s = make(max_num_batched_tokens=10)
+    for rid in "xyz":
+        add(s, rid, 4)
+    out = s.schedule(0.0)
+    assert list(out.num_scheduled_tokens) == ["x", "y", "z"]
+    assert out.num_scheduled_tokens == {"x": 4, "y": 4, "z": 2}
+
+
+def test_max_num_seqs_bounds_running_requests() -> None:
+    s = make(max_num_seqs=2)
+    for rid in "abc":
+        add(s, rid, 2)
+    out = step(s)
+    assert set(out.num_scheduled_tokens) == {"a", "b"}
+    assert [r.request_id for r in s.waiting] == ["c"]
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_whole_budget() -> None:
+    s = make(max_num_batched_tokens=64, enable_chunked_prefill=False)
+    add(s, "a", 2)
+    step(s)
+    add(s, "b", 64)
+    out = step(s)
+    assert out.num_scheduled_tokens == {"a": 1}  # b needs 64 tokens, a's decode took one
+    s.finish("a")
+    assert step(s).num_scheduled_tokens == {"b": 64}
+
+
+def test_static_batching_gathers_then_admits_nothing_mid_batch() -> None:
+    s = make(batching="static", max_num_seqs=4, static_batch_wait_s=0.05)
+    add(s, "a", 3, now=0.0)
+    assert s.schedule(0.01).is_empty  # still gathering
+    add(s, "b", 3, now=0.02)
+    out = step(s, now=0.06)  # the wait is over: the batch starts
+    assert set(out.num_scheduled_tokens) == {"a", "b"}
+    add(s, "c", 3, now=0.07)
+    out = step(s, now=1.0)
+    assert set(out.num_scheduled_tokens) == {"a", "b"}  # c waits for the batch to finish
+    s.finish("a")
+    s.finish("b")
+    assert set(step(s, now=1.1).num_scheduled_tokens) == {"c"}
+
+
+def test_static_batch_starts_at_once_when_full() -> None:
+    s = make(batching="static", max_num_seqs=2)
+    add(s, "a", 3)
+    add(s, "b", 3)
+    assert set(s.schedule(0.0).num_scheduled_tokens) == {"a", "b"}
+
+
+def test_preemption_takes_the_most_recently_admitted_request() -> None:
+    # 6 blocks of 4 tokens; three requests of 8 tokens use all of them
+    s = make(num_blocks=6, max_num_batched_tokens=64)
+    for rid in "abc":
+        add(s, rid, 8)
+    step(s)
+    assert s.blocks.num_free_blocks == 0
+    out = step(s)  # every decode needs a new block: c (admitted last) is preempted
+    assert out.preempted == ("c",)
+    assert set(out.num_scheduled_tokens) == {"a", "b"}
+    c = s.requests["c"]
+    assert c.status is RequestStatus.WAITING
+    assert s.waiting[0] is c
+    assert c.num_computed_tokens == 0
+    assert c.num_preemptions == 1
+
+
+def test_preempted_request_is_recomputed_with_its_output() -> None:
+    s = make(num_blocks=6, max_num_batched_tokens=64, enable_prefix_caching=False)
+    for rid in "abc":
+        add(s, rid, 8)
+    step(s)
+    step(s)  # c preempted, holding 1 output token
+    s.finish("a")
+    s.finish("b")
+    out = step(s)
+    assert out.num_scheduled_tokens["c"] == 9  # prompt + the token it had generated
+    s.finish("c")
+    s.blocks.assert_no_leaks()
+
+
+def test_full_reserve_takes_max_model_len_of_blocks_at_admission() -> None:
+    s = make(num_blocks=32, kv_reserve="full")
+    add(s, "a", 3)
+    s.schedule(0.0)
+    assert len(s.blocks.block_table("a")) == 64 // 4
+
+
+def test_prefix_cache_hit_skips_computed_tokens() -> None:
+    s = make()
+    add(s, "a", 12)
+    step(s)
+    s.finish("a")
+    b = add(s, "b", 12)
+    out = s.schedule(0.0)
+    assert out.num_scheduled_tokens == {"b": 4}  # 8 tokens (2 blocks) came from the cache
+    assert b.num_cached_tokens == 8
