@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,22 @@ class LLM:
             if not self.core.step() and not self.core.has_work:
                 raise RuntimeError("engine stopped with unfinished requests")
         return outputs
+
+    def stream(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
+        """Deltas of one request as the engine steps: the text streams as it is generated."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        deltas: deque[RequestOutput] = deque()
+        self._next_id += 1
+        self.core.add_request(f"llm-{self._next_id}", ids, params or SamplingParams(), deltas.append)
+        finished = False
+        while not finished:
+            while not deltas:
+                self.core.step()
+            delta = deltas.popleft()
+            finished = delta.finished
+            yield delta
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> CompletionOutput:
         return self.generate([self.tokenizer.encode_chat(messages)], params)[0]

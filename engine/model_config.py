@@ -99,7 +99,12 @@ def _common(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _llama_like(cfg: dict[str, Any], default_tie: bool) -> ModelConfig:
     base = _common(cfg)
-    rope = _rope(_rope_params(cfg), 10000.0, base["head_dim"], base["max_position_embeddings"])
+    rope = _rope(
+        _rope_params(cfg),
+        float(cfg.get("rope_theta", 10000.0)),
+        base["head_dim"],
+        base["max_position_embeddings"],
+    )
     num_layers = base["num_layers"]
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
     return ModelConfig(

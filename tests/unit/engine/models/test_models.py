@@ -90,12 +90,12 @@ def test_batched_sequences_equal_single_runs(tiny: tuple[str, Path]) -> None:
     model = load_model(model_dir)
     a, b = _prompt(3)[:10], _prompt(4)[:30]
     runner = ModelRunner(model, num_blocks=64, block_size=BLOCK_SIZE)
-    alone_a = runner.execute([SeqWork(a, 0, list(range(0, 8)), True)])[0]
+    alone_a = runner.execute([SeqWork(a, 0, list(range(8)), True)])[0]
     alone_b = runner.execute([SeqWork(b, 0, list(range(8, 16)), True)])[0]
     # a decodes one more token while b is prefilled in two chunks, in one batch each
     runner.execute([SeqWork(b[:12], 0, list(range(16, 24)), False)])
     mixed = runner.execute(
-        [SeqWork([5], len(a), list(range(0, 8)), True), SeqWork(b[12:], 12, list(range(16, 24)), True)]
+        [SeqWork([5], len(a), list(range(8)), True), SeqWork(b[12:], 12, list(range(16, 24)), True)]
     )
     ref_a = runner.execute([SeqWork([*a, 5], 0, list(range(24, 32)), True)])[0]
     assert torch.allclose(mixed[0], ref_a, atol=1e-4)

@@ -1,0 +1,278 @@
+"""A model directory's tokenizer: `tokenizers` turns text into ids and back, jinja2 renders chat templates.
+
+Behaviour follows transformers' `AutoTokenizer` (v5) for the same directory:
+- `tokenizer.json` alone decides which special tokens `encode` adds (its post-processor, e.g. Llama 3's BOS);
+  `add_bos_token` / `add_eos_token` in `tokenizer_config.json` are ignored, as transformers does whenever a
+  `tokenizer.json` exists.
+- The named special tokens of `tokenizer_config.json` (bos, eos, unk, pad, ...) are registered as special
+  added tokens, so `decode(skip_special_tokens=True)` drops them and `encode` never splits them.
+- Chat templates render in a sandbox with the same globals and filters as transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken
+from tokenizers import Tokenizer as BackendTokenizer
+
+# Named special tokens, in transformers' order; each is also a chat-template variable.
+SPECIAL_TOKEN_NAMES = (
+    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+)  # fmt: skip
+EXTRA_SPECIAL_KEYS = ("additional_special_tokens", "extra_special_tokens")
+
+TokenSpec = str | AddedToken
+
+
+class TokenizerLoadError(ValueError):
+    """A tokenizer directory we cannot load; the message names the file."""
+
+
+class ChatTemplateError(ValueError):
+    """The model has no chat template, or the template rejected the messages."""
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, plus its chat template."""
+
+    def __init__(
+        self,
+        backend: BackendTokenizer,
+        *,
+        special_tokens: Mapping[str, TokenSpec] | None = None,
+        extra_special_tokens: Sequence[TokenSpec] = (),
+        eos_token_ids: Iterable[int] = (),
+        chat_template: str | None = None,
+    ) -> None:
+        self._backend = backend
+        named = dict(special_tokens or {})
+        _register_special_tokens(backend, [*named.values(), *extra_special_tokens])
+        # template variables: bos_token, eos_token, ... as plain strings
+        self.special_tokens: dict[str, str] = {name: str(tok) for name, tok in named.items()}
+        bos = self.special_tokens.get("bos_token")
+        self.bos_token_id: int | None = backend.token_to_id(bos) if bos is not None else None
+        eos_ids = set(eos_token_ids)
+        eos = self.special_tokens.get("eos_token")
+        if eos is not None and (eos_id := backend.token_to_id(eos)) is not None:
+            eos_ids.add(eos_id)
+        self.eos_token_ids: frozenset[int] = frozenset(eos_ids)
+        self.chat_template = chat_template
+        self._compiled_template: jinja2.Template | None = None
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> Tokenizer:
+        """Load `tokenizer.json` (required) and the optional configs of a Hugging Face model directory."""
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerLoadError(f"missing file: {path} (a tokenizer.json is required)")
+        try:
+            backend = BackendTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception on bad files
+            raise TokenizerLoadError(f"cannot load {path}: {e}") from None
+        tok_cfg = _read_json(model_dir / "tokenizer_config.json")
+        if "added_tokens_decoder" not in tok_cfg:
+            tok_cfg.update(_read_json(model_dir / "special_tokens_map.json"))  # legacy layout
+        special = {k: t for k in SPECIAL_TOKEN_NAMES if (t := _token_spec(tok_cfg.get(k))) is not None}
+        extra = [t for k in EXTRA_SPECIAL_KEYS for raw in _as_list(tok_cfg.get(k)) if (t := _token_spec(raw))]
+        eos_ids = _ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
+        eos_ids |= _ids(_read_json(model_dir / "config.json").get("eos_token_id"))
+        return cls(
+            backend,
+            special_tokens=special,
+            extra_special_tokens=extra,
+            eos_token_ids=eos_ids,
+            chat_template=_load_chat_template(model_dir, tok_cfg),
+        )
+
+    # --- text <-> ids
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included (transformers' `len(tokenizer)`)."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry of `token_id` (byte-level form, e.g. 'Ġthe'), None when out of range."""
+        return self._backend.id_to_token(token_id)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._backend.token_to_id(token)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
+        return [self._backend.id_to_token(i) for i in ids]
+
+    # --- chat
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **template_vars: Any,
+    ) -> str:
+        """Render `messages` like transformers' `apply_chat_template(..., tokenize=False)`.
+
+        Extra `template_vars` (e.g. `tools`, `enable_thinking`) are passed to the template; they override the
+        special-token variables. Raises ChatTemplateError when there is no template or rendering fails.
+        """
+        if not messages:
+            raise ChatTemplateError("cannot apply a chat template to an empty conversation")
+        template = self._template()
+        # like transformers: keys whose value is None are dropped (OpenAI clients send content=None)
+        chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        variables: dict[str, Any] = {"tools": None, "documents": None, **self.special_tokens, **template_vars}
+        try:
+            return template.render(messages=chat, add_generation_prompt=add_generation_prompt, **variables)
+        except jinja2.TemplateError as e:  # raise_exception(...), sandbox violations
+            raise ChatTemplateError(f"chat template failed: {e}") from None
+        except (TypeError, ValueError, LookupError, AttributeError) as e:  # e.g. str + list content
+            raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **template_vars: Any
+    ) -> list[int]:
+        """Token ids of the rendered chat; the template writes its own special tokens (no BOS is added)."""
+        text = self.apply_chat_template(messages, add_generation_prompt, **template_vars)
+        return self.encode(text, add_special_tokens=False)
+
+    def _template(self) -> jinja2.Template:
+        if self._compiled_template is None:
+            if self.chat_template is None:
+                raise ChatTemplateError(
+                    "this model has no chat template (no chat_template.jinja or config entry)"
+                )
+            try:
+                self._compiled_template = _chat_environment().from_string(self.chat_template)
+            except jinja2.TemplateError as e:
+                raise ChatTemplateError(f"invalid chat template: {e}") from None
+        return self._compiled_template
+
+
+# --- loading helpers
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`, {} if the (optional) file is absent."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenizerLoadError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise TokenizerLoadError(f"{path} must hold a JSON object")
+    return data
+
+
+def _as_list(raw: Any) -> list[Any]:
+    """A list of tokens; v5 configs may name them instead (`{"image_token": "<image>"}`)."""
+    if isinstance(raw, dict):
+        return list(raw.values())
+    return list(raw) if isinstance(raw, list) else []
+
+
+def _ids(raw: Any) -> set[int]:
+    """`eos_token_id` as a set: configs hold an int, a list of ints or null."""
+    if raw is None:
+        return set()
+    return {int(i) for i in raw} if isinstance(raw, list) else {int(raw)}
+
+
+def _token_spec(raw: Any) -> TokenSpec | None:
+    """A config token: a plain string, or an AddedToken dict (`{"content": ..., "lstrip": ...}`)."""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, dict) and isinstance(raw.get("content"), str):
+        flags = {k: bool(raw[k]) for k in ("single_word", "lstrip", "rstrip", "normalized") if k in raw}
+        return AddedToken(raw["content"], special=True, **flags)
+    return None
+
+
+def _register_special_tokens(backend: BackendTokenizer, tokens: Sequence[TokenSpec]) -> None:
+    """Mark config-named tokens special, adding missing ones (new ids at the end), like transformers."""
+    added_by_content = {t.content: t for t in backend.get_added_tokens_decoder().values()}
+    for tok in tokens:
+        content = tok if isinstance(tok, str) else tok.content
+        if (known := added_by_content.get(content)) is not None:
+            flags = dict(single_word=known.single_word, lstrip=known.lstrip, rstrip=known.rstrip)
+            tok = AddedToken(content, normalized=known.normalized, special=True, **flags)
+        elif isinstance(tok, str):
+            tok = AddedToken(tok, special=True, normalized=False)
+        backend.add_special_tokens([tok])
+        added_by_content[content] = tok
+
+
+def _load_chat_template(model_dir: Path, tok_cfg: Mapping[str, Any]) -> str | None:
+    """`chat_template.jinja` wins; else the config's template (a string, or a named list: 'default')."""
+    path = model_dir / "chat_template.jinja"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    raw = tok_cfg.get("chat_template")
+    if isinstance(raw, list):
+        named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
+        raw = named.get("default")
+    return raw if isinstance(raw, str) else None
+
+
+# --- chat template environment
+
+
+class _GenerationBlock(Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for training masks: render the body."""
+
+    tags = {"generation"}  # noqa: RUF012 (jinja2's class attribute)
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Callable[[], str]) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """json.dumps without jinja's HTML escaping, non-ASCII kept as-is (transformers' `tojson`)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _chat_environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env

@@ -1,0 +1,31 @@
+"""Kernel tests: the Triton kernels run in Triton's interpreter, on CPU tensors, on any machine.
+
+NOTE: TRITON_INTERPRET must be set before the first `@triton.jit` runs, i.e.
+before any `infer.kernels.*_triton` module is imported. pytest imports this
+file before the test modules of this folder, and nothing outside it imports
+those modules (the CPU path never does), so setting it here is early enough;
+the check below fails loudly if that ever stops being true. Other tests are
+unaffected: the reference path never imports triton.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from infer.kernels import set_kernel_backend
+
+os.environ["TRITON_INTERPRET"] = "1"
+_early = sorted(m for m in sys.modules if m.startswith("infer.kernels.") and m.endswith("_triton"))
+if _early:
+    raise RuntimeError(f"{', '.join(_early)} imported before TRITON_INTERPRET=1 was set")
+
+
+@pytest.fixture
+def backend() -> Iterator[None]:
+    """Lets a test force a backend with set_kernel_backend; restores INFER_KERNELS afterwards."""
+    yield
+    set_kernel_backend(None)
