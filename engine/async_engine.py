@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import uuid
@@ -69,7 +70,8 @@ class AsyncEngine:
         deltas: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
         def sink(out: RequestOutput) -> None:
-            loop.call_soon_threadsafe(deltas.put_nowait, out)
+            with contextlib.suppress(RuntimeError):  # a closed loop: its caller is gone
+                loop.call_soon_threadsafe(deltas.put_nowait, out)
 
         self.core.add_request(request_id, self.encode(prompt), params, sink)
         finished = False

@@ -10,27 +10,11 @@ import pytest
 import torch
 
 from infer import LLM, SamplingParams
+from infer.engine.core import QueueFullError
 from infer.engine.request import FinishReason
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "seven",
-    "wizards",
-    "quietly",
-    "hum",
-    "old",
-    "songs",
-]
+WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hum old songs".split()  # noqa: SIM905
 
 
 def _prompts() -> list[list[int]]:
@@ -204,3 +188,15 @@ def test_failing_request_fails_alone(engine: LLM, monkeypatch: pytest.MonkeyPatc
     assert outs[1].error is not None and "poisoned" in outs[1].error
     assert [o.finish_reason for o in (outs[0], outs[2])] == [FinishReason.LENGTH] * 2
     assert all(len(o.token_ids) == GREEDY.max_tokens for o in (outs[0], outs[2]))
+
+
+@pytest.mark.parametrize("engine", [{"max_waiting_requests": 2}], indirect=True)
+def test_full_queue_is_refused_at_once(engine: LLM) -> None:
+    outputs: list[Any] = []
+    for i in range(2):
+        engine.core.add_request(f"q{i}", [1, 2, 3], GREEDY, outputs.append)
+    with pytest.raises(QueueFullError, match="max_waiting_requests"):
+        engine.core.add_request("q2", [1, 2, 3], GREEDY, outputs.append)
+    while engine.core.has_work:
+        engine.core.step()
+    assert sum(o.finished for o in outputs) == 2

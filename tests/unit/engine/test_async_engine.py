@@ -1,0 +1,74 @@
+"""AsyncEngine: streaming from the core thread, abort, queue bound."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from infer.engine.async_engine import AsyncEngine
+from infer.engine.config import EngineConfig
+from infer.engine.request import FinishReason, RequestOutput
+from infer.engine.sampling_params import SamplingParams
+
+LONG = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(default_model_dir: Path) -> Iterator[AsyncEngine]:
+    eng = AsyncEngine.from_config(EngineConfig(model=str(default_model_dir), max_model_len=256))
+    yield eng
+    eng.shutdown()
+
+
+async def _until_idle(engine: AsyncEngine) -> None:
+    for _ in range(200):
+        if not engine.core.live and not engine.core.has_work:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("engine did not become idle")
+
+
+async def _collect(stream: AsyncIterator[RequestOutput]) -> list[RequestOutput]:
+    return [d async for d in stream]
+
+
+def test_stream_delivers_deltas_then_a_final_output(engine: AsyncEngine) -> None:
+    async def main() -> list[RequestOutput]:
+        return await _collect(
+            engine.generate("Hello", SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+        )
+
+    deltas = asyncio.run(main())
+    assert sum(len(d.token_ids) for d in deltas) == 5
+    assert [d.finished for d in deltas] == [False] * (len(deltas) - 1) + [True]
+    assert deltas[-1].finish_reason is FinishReason.LENGTH
+
+
+def test_abort_mid_stream_frees_blocks(engine: AsyncEngine) -> None:
+    async def main() -> None:
+        got = 0
+        async for _ in engine.generate("Tell me a long story", LONG, request_id="to-abort"):
+            got += 1
+            if got == 3:
+                break  # leaving the stream aborts the request
+        await _until_idle(engine)
+
+    asyncio.run(main())
+    engine.core.block_manager.assert_no_leaks()
+
+
+def test_explicit_abort_ends_the_stream(engine: AsyncEngine) -> None:
+    async def main() -> RequestOutput:
+        last = None
+        async for delta in engine.generate("Count to one hundred", LONG, request_id="abort-me"):
+            last = delta
+            engine.abort("abort-me")
+        assert last is not None
+        return last
+
+    last = asyncio.run(main())
+    assert last.finish_reason is FinishReason.ABORT
+    engine.core.block_manager.assert_no_leaks()
