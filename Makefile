@@ -7,7 +7,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := engine kernels server clients
 
-.PHONY: setup setup-dev test test-fast test-slow lint typecheck proto clean
+.PHONY: setup setup-dev test test-fast test-slow lint typecheck proto clean bench-offline
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ test-fast: $(DEV_STAMP)
 
 test-slow: $(DEV_STAMP)
 	$(BIN)/pytest -q -m slow
+
+# benchmarks: not tests; each writes JSON and a Markdown table to docs/benchmarks/
+bench-offline: $(DEV_STAMP)
+	$(BIN)/python benchmarks/offline.py
 
 clean:
 	rm -rf .typecheck .mypy_cache .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,208 @@
+"""Offline throughput: infer's LLM.generate vs transformers on the same model, workload and machine.
+
+Writes docs/benchmarks/offline.json and docs/benchmarks/offline.md. Every figure
+comes from this one run, so the ratios compare like with like. The transformers
+baselines run on a subset of the requests (they are slow) and are credited with
+every token they generate, padding waste excluded, which favours them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from infer import LLM, SamplingParams
+from infer.engine.default_model import default_model_dir
+
+OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: list[list[int]]
+    max_new: list[int]
+
+    @property
+    def num_new_tokens(self) -> int:
+        return sum(self.max_new)
+
+    def head(self, n: int) -> Workload:
+        return Workload(self.prompts[:n], self.max_new[:n])
+
+
+def make_workload(num_requests: int, vocab: int, seed: int) -> Workload:
+    rng = random.Random(seed)
+    lengths = [rng.randint(32, 512) for _ in range(num_requests)]
+    prompts = [[rng.randrange(100, vocab) for _ in range(n)] for n in lengths]
+    return Workload(prompts, [rng.randint(64, 256) for _ in range(num_requests)])
+
+
+def bench_ours(llm: LLM, work: Workload) -> float:
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in work.max_new]
+    start = time.perf_counter()
+    outs = llm.generate(work.prompts, params)
+    elapsed = time.perf_counter() - start
+    assert sum(len(o.token_ids) for o in outs) == work.num_new_tokens
+    return work.num_new_tokens / elapsed
+
+
+def bench_batch1_decode(llm: LLM, prompt: list[int], num_new: int) -> float:
+    """Decode tok/s of one request: time from its first to its last token."""
+    stamps = []
+    for _ in llm.stream(prompt, SamplingParams(max_tokens=num_new, temperature=0, ignore_eos=True)):
+        stamps.append(time.perf_counter())
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def measure_bandwidth_bytes_s(num_bytes: int = 1 << 29) -> float:
+    """Read bandwidth as a fp32 sum over a buffer larger than any cache: best of 5."""
+    buf = torch.ones(num_bytes // 4)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - start)
+    return num_bytes / best
+
+
+def hf_model(model_dir: Path) -> Any:
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@torch.inference_mode()
+def bench_hf_sequential(model: Any, work: Workload) -> float:
+    start, generated = time.perf_counter(), 0
+    for prompt, n in zip(work.prompts, work.max_new, strict=True):
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        generated += out.shape[1] - len(prompt)
+    return generated / (time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def bench_hf_padded(model: Any, work: Workload, batch: int) -> float:
+    start, generated = time.perf_counter(), 0
+    for i in range(0, len(work.prompts), batch):
+        prompts, news = work.prompts[i : i + batch], work.max_new[i : i + batch]
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        n = max(news)
+        model.generate(
+            ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+        )
+        generated += n * len(prompts)
+    return generated / (time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def bench_hf_continuous(model: Any, work: Workload) -> float:
+    from transformers import GenerationConfig
+
+    n = max(work.max_new)
+    config = GenerationConfig(
+        max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=-1, pad_token_id=0
+    )
+    start = time.perf_counter()
+    outs = model.generate_batch(inputs=work.prompts, generation_config=config, warmup=False)
+    elapsed = time.perf_counter() - start
+    return sum(len(o.generated_tokens) for o in outs.values()) / elapsed
+
+
+def write_report(results: dict[str, Any]) -> None:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    (OUT_DIR / "offline.json").write_text(json.dumps(results, indent=2) + "\n")
+    r = results
+    rows = [
+        ("infer `LLM.generate` (continuous batching)", r["ours_tok_s"], "all requests"),
+        (
+            "transformers `generate`, one at a time",
+            r["hf_sequential_tok_s"],
+            f"first {r['hf_sequential_requests']}",
+        ),
+        (
+            "transformers `generate`, left-padded batches of 16",
+            r["hf_padded16_tok_s"],
+            f"first {r['hf_padded_requests']}",
+        ),
+        (
+            "transformers `generate_batch` (continuous)",
+            r["hf_continuous_tok_s"],
+            f"first {r['hf_continuous_requests']}",
+        ),
+    ]
+    lines = [
+        "# Offline throughput",
+        "",
+        f"Measured by `make bench-offline` on {r['machine']}, {r['threads']} torch threads, fp32, model "
+        f"{r['model']}. Workload: {r['num_requests']} requests, prompts 32–512 tokens, 64–256 new tokens, "
+        "`ignore_eos`, greedy, seed 0. All figures come from one run.",
+        "",
+        "| system | output tok/s | requests | infer is |",
+        "|---|---:|---|---:|",
+    ]
+    for name, tok_s, subset in rows:
+        lines.append(f"| {name} | {tok_s:.1f} | {subset} | {r['ours_tok_s'] / tok_s:.1f}× |")
+    lines += [
+        "",
+        "| batch-1 decode | tok/s |",
+        "|---|---:|",
+        f"| infer, 1 request (128 prompt + 128 new) | {r['batch1_decode_tok_s']:.1f} |",
+        f"| memory-bandwidth ceiling ({r['bandwidth_gib_s']:.1f} GiB/s ÷ {r['weight_bytes'] / 1e6:.0f} MB of weights) "
+        f"| {r['bandwidth_ceiling_tok_s']:.1f} |",
+        f"| infer as a share of the ceiling | {100 * r['batch1_decode_tok_s'] / r['bandwidth_ceiling_tok_s']:.0f}% |",
+        "",
+        "The transformers baselines run on the first requests of the same workload (they take minutes per "
+        "request batch on this CPU) and are credited with every token they generate, padding included.",
+        "",
+    ]
+    (OUT_DIR / "offline.md").write_text("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--hf-sequential", type=int, default=6, help="requests for the one-at-a-time baseline")
+    ap.add_argument("--hf-batched", type=int, default=16, help="requests for the batched baselines")
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+    model_dir = default_model_dir()
+    llm = LLM(str(model_dir), max_model_len=1024)
+    work = make_workload(args.num_requests, llm.core.model_config.vocab_size, seed=0)
+    weight_bytes = sum(p.numel() * p.element_size() for p in llm.core.runner.model.parameters())
+    results: dict[str, Any] = {
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "threads": torch.get_num_threads(),
+        "model": model_dir.name,
+        "num_requests": args.num_requests,
+        "weight_bytes": weight_bytes,
+    }
+    bench_ours(llm, work.head(4))  # warm-up
+    results["ours_tok_s"] = bench_ours(llm, work)
+    results["batch1_decode_tok_s"] = bench_batch1_decode(llm, work.prompts[0][:128] * 1, 128)
+    bandwidth = measure_bandwidth_bytes_s()
+    results["bandwidth_gib_s"] = bandwidth / 2**30
+    results["bandwidth_ceiling_tok_s"] = bandwidth / weight_bytes
+    del llm
+    if not args.skip_hf:
+        model = hf_model(model_dir)
+        results["hf_sequential_requests"] = args.hf_sequential
+        results["hf_sequential_tok_s"] = bench_hf_sequential(model, work.head(args.hf_sequential))
+        results["hf_padded_requests"] = results["hf_continuous_requests"] = args.hf_batched
+        results["hf_padded16_tok_s"] = bench_hf_padded(model, work.head(args.hf_batched), 16)
+        results["hf_continuous_tok_s"] = bench_hf_continuous(model, work.head(args.hf_batched))
+    print(json.dumps(results, indent=2))
+    write_report(results)
+
+
+if __name__ == "__main__":
+    main()
