@@ -25,6 +25,7 @@ from infer.engine.runner import ModelRunner, SeqWork, kv_cache_bytes_per_block
 from infer.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
+from infer.engine.stats import EngineStats, ThroughputMeter
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.validation import check
 
@@ -75,11 +76,12 @@ class EngineCore:
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(model, self.num_blocks, config.block_size)
         self.sampler = Sampler(config.seed, self.runner.device)
-        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
-            self.model_config.eos_token_ids
-        )
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.model_config.eos_token_ids)
         self.live: dict[str, _Live] = {}
         self.num_steps = 0
+        self.throughput = ThroughputMeter()
+        self.num_preemptions_total = self.num_prompt_tokens_total = 0
+        self.num_generation_tokens_total = self.num_cached_tokens_total = 0
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._num_queued = 0  # accepted but not yet scheduled: bounded by max_waiting_requests
@@ -90,17 +92,13 @@ class EngineCore:
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         check("prompt", len(prompt_token_ids) > 0, "must not be empty")
         vocab = self.model_config.vocab_size
-        check(
-            "prompt_token_ids", all(0 <= t < vocab for t in prompt_token_ids), f"ids must be in [0, {vocab})"
-        )
+        check("prompt_token_ids", all(0 <= t < vocab for t in prompt_token_ids), f"ids must be in [0, {vocab})")
         total = len(prompt_token_ids) + params.max_tokens
         check("max_tokens", total <= self.config.max_model_len,
               f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
               f"max_model_len ({self.config.max_model_len})")  # fmt: skip
 
-    def add_request(
-        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, sink: Sink
-    ) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, sink: Sink) -> None:
         """Validate and enqueue; ValueError for bad input, QueueFullError when the queue is full."""
         self.validate(prompt_token_ids, params)
         with self._lock:
@@ -140,9 +138,7 @@ class EngineCore:
         if p.seed is not None and not p.is_greedy:
             generator = torch.Generator(device=self.runner.device)
             generator.manual_seed(p.seed)
-        detok = IncrementalDetokenizer(
-            self.tokenizer, request.prompt_token_ids, p.skip_special_tokens, p.stop
-        )
+        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, p.skip_special_tokens, p.stop)
         self.live[request.request_id] = _Live(request, sink, detok, generator)
         self.scheduler.add(request)
 
@@ -155,14 +151,50 @@ class EngineCore:
         if out.is_empty:
             return False
         self.num_steps += 1
+        started_s = time.monotonic()
         work, sampling = self._work(out)
         logits = self._forward(work, sampling)
         sampling = [rid for rid in sampling if rid in self.live]
         sampled = self._sample(logits[: len(sampling)] if logits is not None else None, sampling)
         self.scheduler.update(out, {rid: t for rid, (t, _) in sampled.items()})
+        self.throughput.record(out.total_tokens, time.monotonic() - started_s)
+        self._count_tokens(out, len(sampled))
         for rid, (token_id, logprob) in sampled.items():
             self._postprocess(self.live[rid], token_id, logprob)
         return True
+
+    def _count_tokens(self, out: SchedulerOutput, num_sampled: int) -> None:
+        self.num_preemptions_total += len(out.preempted)
+        self.num_generation_tokens_total += num_sampled
+        # decodes compute one generated token each; the rest are prompt (or recomputed) tokens
+        self.num_prompt_tokens_total += out.total_tokens - sum(
+            1 for rid, n in out.num_scheduled_tokens.items() if n == 1 and self._is_decoding(rid)
+        )
+
+    def _is_decoding(self, request_id: str) -> bool:
+        request = self.scheduler.requests.get(request_id)
+        return request is not None and request.num_output_tokens > 1
+
+    def stats(self) -> EngineStats:
+        """A snapshot for metrics; safe to read from another thread (values may be one step old)."""
+        sched = self.scheduler
+        queued = sum(r.num_tokens - r.num_computed_tokens for r in (*sched.waiting, *sched.running))
+        return EngineStats(
+            num_waiting=len(sched.waiting) + self._inbox.qsize(),
+            num_running=len(sched.running),
+            num_blocks_used=self.block_manager.num_used_blocks,
+            num_blocks_free=self.block_manager.num_free_blocks,
+            num_preemptions_total=self.num_preemptions_total,
+            num_prompt_tokens_total=self.num_prompt_tokens_total,
+            num_generation_tokens_total=self.num_generation_tokens_total,
+            num_cached_tokens_total=self.num_cached_tokens_total,
+            tokens_per_s=self.throughput.tokens_per_s,
+            queued_tokens=queued,
+        )
+
+    def predict_ttft_s(self, num_prompt_tokens: int) -> float:
+        """Time until a new request's first token, from the work queued ahead of it."""
+        return self.throughput.predict_s(self.stats().queued_tokens + num_prompt_tokens)
 
     def _count_admitted(self) -> None:
         with self._lock:
@@ -243,9 +275,7 @@ class EngineCore:
             text = live.detokenizer.push([token_id])
             if live.detokenizer.stopped_on is not None:
                 reason = FinishReason.STOP
-        if reason is None and (
-            r.num_output_tokens >= p.max_tokens or r.num_tokens >= self.config.max_model_len
-        ):
+        if reason is None and (r.num_output_tokens >= p.max_tokens or r.num_tokens >= self.config.max_model_len):
             reason = FinishReason.LENGTH
         if reason is None:
             live.sink(RequestOutput(r.request_id, [token_id], text, logprobs))  # type: ignore[arg-type]
@@ -270,6 +300,7 @@ class EngineCore:
             text += live.detokenizer.flush()
         now = time.monotonic()
         usage = Usage(r.num_prompt_tokens, r.num_output_tokens, r.num_cached_tokens)
+        self.num_cached_tokens_total += r.num_cached_tokens
         timings = Timings(
             queue_s=(r.first_scheduled_s or now) - r.arrival_time_s,
             ttft_s=(r.first_token_s or now) - r.arrival_time_s,
