@@ -67,9 +67,7 @@ class LLM:
                 raise RuntimeError("engine stopped with unfinished requests")
         return outputs
 
-    def stream(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None
-    ) -> Iterator[RequestOutput]:
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Deltas of one request as the engine steps: the text streams as it is generated."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         deltas: deque[RequestOutput] = deque()

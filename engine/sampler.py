@@ -76,9 +76,7 @@ def _filter(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     return logits
 
 
-def _draw(
-    logits: torch.Tensor, rows: Sequence[SamplingRow], generator: torch.Generator | None
-) -> torch.Tensor:
+def _draw(logits: torch.Tensor, rows: Sequence[SamplingRow], generator: torch.Generator | None) -> torch.Tensor:
     probs = logits.softmax(dim=-1)
     noise = torch.empty_like(probs).exponential_(generator=generator)
     for i, row in enumerate(rows):
@@ -87,9 +85,7 @@ def _draw(
     return (probs / noise).argmax(dim=-1)
 
 
-def _logprobs(
-    logprobs: torch.Tensor, token_ids: list[int], rows: Sequence[SamplingRow]
-) -> list[TokenLogprob | None]:
+def _logprobs(logprobs: torch.Tensor, token_ids: list[int], rows: Sequence[SamplingRow]) -> list[TokenLogprob | None]:
     out: list[TokenLogprob | None] = []
     for i, row in enumerate(rows):
         n = row.params.logprobs

@@ -154,9 +154,7 @@ class Tokenizer:
     def _template(self) -> jinja2.Template:
         if self._compiled_template is None:
             if self.chat_template is None:
-                raise ChatTemplateError(
-                    "this model has no chat template (no chat_template.jinja or config entry)"
-                )
+                raise ChatTemplateError("this model has no chat template (no chat_template.jinja or config entry)")
             try:
                 self._compiled_template = _chat_environment().from_string(self.chat_template)
             except jinja2.TemplateError as e:
@@ -263,9 +261,7 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     """json.dumps without jinja's HTML escaping, non-ASCII kept as-is (transformers' `tojson`)."""
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _chat_environment() -> ImmutableSandboxedEnvironment:
