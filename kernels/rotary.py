@@ -58,7 +58,18 @@ def apply_rotary_ref(
     x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     positions: torch.Tensor,  # [num_tokens] int64
     cache: torch.Tensor,  # [max_positions, rotary_dim] from cos_sin_cache
+    out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; `x` rotates in place
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], neox (half-split) rotation
+    """Rotate `x` by the angles of its tokens' positions; into `out` when given."""
+    rotated = _rotate(x, positions, cache)
+    return rotated if out is None else out.copy_(rotated)
+
+
+def _rotate(
+    x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    positions: torch.Tensor,  # [num_tokens] int64
+    cache: torch.Tensor,  # [max_positions, rotary_dim]
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     cos, sin = cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [num_tokens, 1, rotary_dim // 2]
     rotary_dim = cache.shape[-1]
     rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]

@@ -56,9 +56,7 @@ def metadata(
     )
 
 
-def random_tables(
-    seq_lens: Sequence[int], block_size: int, num_blocks: int, gen: torch.Generator
-) -> list[list[int]]:
+def random_tables(seq_lens: Sequence[int], block_size: int, num_blocks: int, gen: torch.Generator) -> list[list[int]]:
     """Each sequence gets distinct, randomly placed (non-contiguous) physical blocks."""
     needed = [-(-n // block_size) for n in seq_lens]
     assert sum(needed) <= num_blocks, "cache too small for the batch"

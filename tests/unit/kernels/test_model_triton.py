@@ -28,14 +28,14 @@ def _prompt(n: int, seed: int) -> list[int]:
     return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _generate(model: CausalLM, backend: str) -> tuple[list[list[int]], torch.Tensor]:
+def _generate(model: CausalLM) -> tuple[list[list[int]], torch.Tensor]:
     """Greedy tokens of two sequences, and all sampled logits, over mixed steps.
 
     Step 1 prefills A (8 tokens) and B's first chunk (8 of 14); step 2 decodes A
     beside B's last chunk (6 tokens over 8 cached); steps 3-4 decode both. B's
     context outgrows Gemma 3's sliding window (12).
     """
-    set_kernel_backend(backend)
+    set_kernel_backend(None)  # read INFER_KERNELS again
     runner = ModelRunner(model, num_blocks=12, block_size=BLOCK_SIZE)
     a, b = _prompt(8, seed=1), _prompt(14, seed=2)
     work = [SeqWork(a, 0, TABLES[0], True), SeqWork(b[:8], 0, TABLES[1], False)]
@@ -58,7 +58,8 @@ def test_greedy_tokens_match_the_torch_path(
     arch: str, tmp_path: Path, backend: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = load_model(make_tiny_model(arch, tmp_path / arch))
-    expected_tokens, expected_logits = _generate(model, "torch")
+    monkeypatch.setenv("INFER_KERNELS", "torch")
+    expected_tokens, expected_logits = _generate(model)
     launches = []
 
     def counted(*args: Any) -> torch.Tensor:
@@ -67,7 +68,8 @@ def test_greedy_tokens_match_the_torch_path(
         return out
 
     monkeypatch.setattr(attention_triton, "paged_attention_triton", counted)
-    tokens, logits = _generate(model, "triton")
+    monkeypatch.setenv("INFER_KERNELS", "triton")
+    tokens, logits = _generate(model)
     assert len(launches) == 4 * model.cfg.num_layers  # the Triton kernel ran, every step, every layer
     assert tokens == expected_tokens and [len(t) for t in tokens] == [4, 3]
     torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=1e-4)

@@ -13,9 +13,7 @@ pytestmark = pytest.mark.triton
 from infer.kernels.rotary_triton import apply_rotary_triton  # noqa: E402
 
 NEOX = RopeConfig(theta=10000.0, rotary_dim=64)
-LLAMA3 = RopeConfig(
-    theta=500000.0, rotary_dim=64, rope_type="llama3", factor=8.0, original_max_position_embeddings=64
-)
+LLAMA3 = RopeConfig(theta=500000.0, rotary_dim=64, rope_type="llama3", factor=8.0, original_max_position_embeddings=64)
 ATOL = {torch.float32: 1e-6, torch.float16: 1e-3}
 
 

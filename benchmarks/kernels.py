@@ -1,0 +1,162 @@
+"""Time each Triton kernel against its PyTorch reference, on shapes of a Llama-3-8B-sized layer.
+
+    python benchmarks/kernels.py                 # on a CUDA machine; --dtype fp16|bf16|fp32
+    python benchmarks/kernels.py --smoke         # tiny shapes, CPU, Triton's interpreter
+
+Each row runs both implementations on the same inputs, reports the largest
+difference between them, and the mean time of one call: wall clock over
+`--reps` calls between two CUDA syncs, after a warm-up call that also
+compiles. `--smoke` only proves the script and the kernels run; interpreter
+timings mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+Fn = Callable[[], torch.Tensor]
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    num_tokens: int  # rows for the elementwise kernels
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    decode_seqs: int  # decode batch size
+    context_len: int  # tokens already cached per sequence
+    chunk_len: int  # prefill chunk length
+    block_size: int = 16
+
+
+FULL = Sizes(4096, 32, 8, 128, 4096, 14336, decode_seqs=64, context_len=1024, chunk_len=512)
+SMOKE = Sizes(8, 4, 2, 64, 64, 128, decode_seqs=2, context_len=20, chunk_len=6)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    triton: Fn
+    torch: Fn
+
+
+def _attention_case(name: str, s: Sizes, query_lens: list[int], dtype: torch.dtype, dev: str) -> Case:
+    from infer.kernels import AttentionMetadata, AttentionSpec
+    from infer.kernels.attention import paged_attention_ref
+    from infer.kernels.attention_triton import paged_attention_triton
+
+    seq_lens = [s.context_len + n for n in query_lens]
+    blocks_per_seq = -(-max(seq_lens) // s.block_size)
+    num_blocks = blocks_per_seq * len(seq_lens)
+    tables = torch.randperm(num_blocks).view(len(seq_lens), blocks_per_seq)
+    positions = [p for n, total in zip(query_lens, seq_lens, strict=True) for p in range(total - n, total)]
+    rows = [i for i, n in enumerate(query_lens) for _ in range(n)]
+    bs = s.block_size
+    slots = [int(tables[i, p // bs]) * bs + p % bs for i, p in zip(rows, positions, strict=True)]
+    starts = torch.tensor([0, *query_lens]).cumsum(0)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, device=dev),
+        block_tables=tables.to(device=dev, dtype=torch.int32),
+        query_start_loc=starts.to(device=dev, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, device=dev, dtype=torch.int32),
+        query_lens=tuple(query_lens),
+        context_lens=tuple(seq_lens),
+    )
+    t = len(positions)
+    q = torch.randn(t, s.num_heads, s.head_dim, device=dev, dtype=dtype)
+    k, v = (torch.randn(t, s.num_kv_heads, s.head_dim, device=dev, dtype=dtype) for _ in range(2))
+    cache = (num_blocks, s.block_size, s.num_kv_heads, s.head_dim)
+    kc, vc = (torch.randn(cache, device=dev, dtype=dtype) for _ in range(2))
+    spec = AttentionSpec(scale=s.head_dim**-0.5)
+    return Case(
+        f"{name} ({len(query_lens)} seqs, {t} tokens, ctx {s.context_len})",
+        lambda: paged_attention_triton(q, k, v, kc, vc, meta, spec),
+        lambda: paged_attention_ref(q, k, v, kc, vc, meta, spec),
+    )
+
+
+def _elementwise_cases(s: Sizes, dtype: torch.dtype, dev: str) -> list[Case]:
+    from infer.kernels import activation, activation_triton, norm, norm_triton, rotary, rotary_triton
+
+    x = torch.randn(s.num_tokens, s.hidden, device=dev, dtype=dtype)
+    res, w = torch.randn_like(x), torch.randn(s.hidden, device=dev, dtype=dtype)
+    q = torch.randn(s.num_tokens, s.num_heads, s.head_dim, device=dev, dtype=dtype)
+    pos = torch.randint(0, 8192, (s.num_tokens,), device=dev)
+    cos_sin = rotary.cos_sin_cache(rotary.RopeConfig(500000.0, s.head_dim), 8192).to(dev)
+    gate_up = torch.randn(s.num_tokens, 2 * s.intermediate, device=dev, dtype=dtype)
+    return [
+        Case(f"rms_norm [{s.num_tokens}, {s.hidden}]",
+             lambda: norm_triton.rms_norm_triton(x, w, 1e-5), lambda: norm.rms_norm_ref(x, w, 1e-5)),
+        Case(f"fused_add_rms_norm [{s.num_tokens}, {s.hidden}]",
+             lambda: norm_triton.fused_add_rms_norm_triton(x, res, w, 1e-5)[0],
+             lambda: norm.fused_add_rms_norm_ref(x, res, w, 1e-5)[0]),
+        Case(f"apply_rotary [{s.num_tokens}, {s.num_heads}, {s.head_dim}]",
+             lambda: rotary_triton.apply_rotary_triton(q, pos, cos_sin),
+             lambda: rotary.apply_rotary_ref(q, pos, cos_sin)),
+        Case(f"silu_and_mul [{s.num_tokens}, 2 * {s.intermediate}]",
+             lambda: activation_triton.silu_and_mul_triton(gate_up),
+             lambda: activation.silu_and_mul_ref(gate_up)),
+        Case(f"gelu_tanh_and_mul [{s.num_tokens}, 2 * {s.intermediate}]",
+             lambda: activation_triton.gelu_tanh_and_mul_triton(gate_up),
+             lambda: activation.gelu_tanh_and_mul_ref(gate_up)),
+    ]  # fmt: skip
+
+
+def cases(s: Sizes, dtype: torch.dtype, dev: str) -> list[Case]:
+    return [
+        _attention_case("paged_attention decode", s, [1] * s.decode_seqs, dtype, dev),
+        _attention_case("paged_attention prefill", s, [s.chunk_len] * 4, dtype, dev),
+        _attention_case("paged_attention mixed", s, [1] * (s.decode_seqs - 1) + [s.chunk_len], dtype, dev),
+        *_elementwise_cases(s, dtype, dev),
+    ]
+
+
+def time_ms(fn: Fn, reps: int) -> float:
+    """Mean milliseconds per call, after one warm-up call (which also compiles)."""
+    fn()
+    sync = torch.cuda.is_available()
+    if sync:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    if sync:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3 / reps
+
+
+def main(argv: list[str] | None = None) -> int:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under the interpreter")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
+    elif not torch.cuda.is_available():
+        print("needs a CUDA device (or --smoke, to check the script on the CPU)", file=sys.stderr)
+        return 2
+    dtype = torch.float32 if args.smoke else DTYPES[args.dtype]
+    dev, reps = ("cpu", 1) if args.smoke else ("cuda", args.reps)
+    torch.manual_seed(0)
+    print(f"{'kernel':<58} {'max |diff|':>10} {'triton ms':>10} {'torch ms':>10} {'speedup':>8}")
+    for case in cases(SMOKE if args.smoke else FULL, dtype, dev):
+        diff = (case.triton().float() - case.torch().float()).abs().max().item()
+        t_triton, t_torch = time_ms(case.triton, reps), time_ms(case.torch, reps)
+        print(f"{case.name:<58} {diff:>10.2e} {t_triton:>10.3f} {t_torch:>10.3f} {t_torch / t_triton:>7.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Which implementation runs a kernel: the Triton kernels or the PyTorch references.
+
+`INFER_KERNELS` picks one for the whole process (read at the first kernel call):
+
+- unset or `auto`: Triton for CUDA tensors, the references for everything else;
+- `torch`: always the references;
+- `triton`: always Triton. On a machine without CUDA this only works under
+  Triton's interpreter (`TRITON_INTERPRET=1`, set before the kernels are
+  imported), which is how the tests run the kernels on the CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+BACKENDS = ("auto", "torch", "triton")
+_TRUE = ("1", "true", "yes", "on", "y")
+
+_selected: str | None = None
+
+
+def is_interpreted() -> bool:
+    """True when Triton kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRUE
+
+
+def _check(name: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"INFER_KERNELS={name!r}: expected one of {', '.join(BACKENDS)}")
+    if name == "triton" and importlib.util.find_spec("triton") is None:
+        raise RuntimeError("INFER_KERNELS=triton but the `triton` package is not installed")
+    if name == "triton" and not torch.cuda.is_available() and not is_interpreted():
+        raise RuntimeError("INFER_KERNELS=triton needs CUDA, or TRITON_INTERPRET=1 to run kernels on the CPU")
+    if name == "auto" and importlib.util.find_spec("triton") is None:
+        return "torch"
+    return name
+
+
+def kernel_backend() -> str:
+    """The backend in force: `auto`, `torch` or `triton` (INFER_KERNELS, checked once)."""
+    global _selected
+    if _selected is None:
+        _selected = _check(os.environ.get("INFER_KERNELS", "auto").strip().lower() or "auto")
+    return _selected
+
+
+def set_kernel_backend(name: str | None) -> None:
+    """Force a backend for this process; None goes back to INFER_KERNELS (read at the next call)."""
+    global _selected
+    _selected = None if name is None else _check(name)
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether a kernel called on `x` runs in Triton."""
+    backend = kernel_backend()
+    return backend == "triton" or (backend == "auto" and x.is_cuda)

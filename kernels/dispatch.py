@@ -1,0 +1,102 @@
+"""The public kernels: each call runs the Triton kernel or the PyTorch reference (see `backend`).
+
+The Triton modules are imported at the first Triton call, never on the
+reference path: a CPU-only process never imports triton, and tests can set
+TRITON_INTERPRET=1 before any kernel is defined.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infer.kernels import activation, attention, norm, rotary
+from infer.kernels.attention import AttentionMetadata, AttentionSpec
+from infer.kernels.backend import use_triton
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    spec: AttentionSpec,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Write this step's K/V into the cache, then attend each query to its visible context."""
+    if use_triton(query):
+        from infer.kernels.attention_triton import paged_attention_triton
+
+        return paged_attention_triton(query, key, value, k_cache, v_cache, meta, spec)
+    return attention.paged_attention_ref(query, key, value, k_cache, v_cache, meta, spec)
+
+
+def write_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64; a negative slot skips the token
+) -> None:
+    """Store each token's key and value at its physical slot (block * block_size + offset)."""
+    if use_triton(key):
+        from infer.kernels.kv_cache_triton import write_kv_triton
+
+        write_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        attention.write_kv_ref(key, value, k_cache, v_cache, slot_mapping)
+
+
+def apply_rotary(
+    x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    positions: torch.Tensor,  # [num_tokens] int64
+    cache: torch.Tensor,  # [max_positions, rotary_dim] from cos_sin_cache
+    out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; `x` rotates in place
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Neox (half-split) RoPE at explicit positions; into `out` when given."""
+    if use_triton(x):
+        from infer.kernels.rotary_triton import apply_rotary_triton
+
+        return apply_rotary_triton(x, positions, cache, out)
+    return rotary.apply_rotary_ref(x, positions, cache, out)
+
+
+def rms_norm(
+    x: torch.Tensor,  # [num_tokens, hidden] or [num_tokens, num_heads, head_dim]
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+) -> torch.Tensor:  # shaped like x
+    if use_triton(x):
+        from infer.kernels.norm_triton import rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps)
+    return norm.rms_norm_ref(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor,  # [num_tokens, hidden]
+    residual: torch.Tensor,  # [num_tokens, hidden]
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (normed, new residual), both [num_tokens, hidden]
+    if use_triton(x):
+        from infer.kernels.norm_triton import fused_add_rms_norm_triton
+
+        return fused_add_rms_norm_triton(x, residual, weight, eps)
+    return norm.fused_add_rms_norm_ref(x, residual, weight, eps)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [num_tokens, 2 * d] -> [num_tokens, d]
+    if use_triton(x):
+        from infer.kernels.activation_triton import silu_and_mul_triton
+
+        return silu_and_mul_triton(x)
+    return activation.silu_and_mul_ref(x)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:  # [num_tokens, 2 * d] -> [num_tokens, d]
+    if use_triton(x):
+        from infer.kernels.activation_triton import gelu_tanh_and_mul_triton
+
+        return gelu_tanh_and_mul_triton(x)
+    return activation.gelu_tanh_and_mul_ref(x)
