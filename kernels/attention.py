@@ -8,7 +8,8 @@ block tables, so a sequence's context may live in any physical blocks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,8 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [num_seqs] int32: context length including the new tokens
     query_lens: tuple[int, ...]  # host copy of the per-sequence query lengths
     context_lens: tuple[int, ...]  # host copy of seq_lens
+    # per-step work shared by all layers of the reference path (built at the first layer)
+    ref_plan_cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_seqs(self) -> int:
@@ -111,23 +114,63 @@ def _gather_context(
     return ctx.view(batch, num_blocks_used * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
 
 
+@dataclass(frozen=True)
+class _DecodeGroup:
+    """Decode tokens of sequences with similar context lengths, gathered together."""
+
+    rows: torch.Tensor  # [n] rows of the flat batch
+    tables: torch.Tensor  # [n, num_blocks_used]
+    q_pos: torch.Tensor  # [n, 1, 1, 1] position of each query
+    k_pos: torch.Tensor  # [1, 1, 1, num_blocks_used * block_size]
+    masks: dict[int | None, torch.Tensor]  # per sliding window: [n, 1, 1, kv_len], memoised
+
+
+def _group_by_length(seqs: list[int], lens: tuple[int, ...], max_waste: float = 1.25) -> list[list[int]]:
+    """Split sequences so that padding each group to its longest context wastes little."""
+    groups: list[list[int]] = []
+    total = 0
+    for i in sorted(seqs, key=lambda i: -lens[i]):
+        if groups and lens[groups[-1][0]] * (len(groups[-1]) + 1) <= max_waste * (total + lens[i]):
+            groups[-1].append(i)
+            total += lens[i]
+        else:
+            groups.append([i])
+            total = lens[i]
+    return groups
+
+
+def _decode_groups(meta: AttentionMetadata, block_size: int) -> list[_DecodeGroup]:
+    starts = meta.query_start_loc.tolist()
+    decodes = [i for i, n in enumerate(meta.query_lens) if n == 1]
+    device = meta.block_tables.device
+    groups = []
+    for seqs in _group_by_length(decodes, meta.context_lens):
+        num_blocks_used = -(-meta.context_lens[seqs[0]] // block_size)
+        index = torch.tensor(seqs, device=device)
+        groups.append(
+            _DecodeGroup(
+                rows=torch.tensor([starts[i] for i in seqs], device=device),
+                tables=meta.block_tables[index, :num_blocks_used].long(),
+                q_pos=torch.tensor([meta.context_lens[i] - 1 for i in seqs], device=device).view(-1, 1, 1, 1),
+                k_pos=torch.arange(num_blocks_used * block_size, device=device).view(1, 1, 1, -1),
+                masks={},
+            )
+        )
+    return groups
+
+
 def _decode(
-    q: torch.Tensor,  # [num_decodes, num_heads, head_dim]
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,  # [num_decodes, max_blocks]
-    context_lens: list[int],
+    group: _DecodeGroup,
     spec: AttentionSpec,
-) -> torch.Tensor:  # [num_decodes, num_heads, head_dim]
-    block_size = k_cache.shape[1]
-    num_blocks_used = -(-max(context_lens) // block_size)
-    tables = block_tables[:, :num_blocks_used]
-    k, v = _gather_context(k_cache, tables), _gather_context(v_cache, tables)
-    lens = torch.tensor(context_lens, device=q.device)
-    k_pos = torch.arange(k.shape[2], device=q.device).view(1, 1, 1, -1)
-    q_pos = (lens - 1).view(-1, 1, 1, 1)
-    mask = _visible(q_pos, k_pos, spec.sliding_window)  # [num_decodes, 1, 1, kv_len]
-    return _attend(q.unsqueeze(2), k, v, mask, spec).squeeze(2)
+) -> torch.Tensor:  # [n, num_heads, head_dim]
+    k, v = _gather_context(k_cache, group.tables), _gather_context(v_cache, group.tables)
+    mask = group.masks.get(spec.sliding_window)
+    if mask is None:
+        mask = group.masks[spec.sliding_window] = _visible(group.q_pos, group.k_pos, spec.sliding_window)
+    return _attend(query[group.rows].unsqueeze(2), k, v, mask, spec).squeeze(2)
 
 
 def _prefill(
@@ -175,14 +218,14 @@ def paged_attention_ref(
     """
     assert query.dim() == 3 and key.shape == value.shape and query.shape[0] == meta.num_tokens
     write_kv_ref(key, value, k_cache, v_cache, meta.slot_mapping)
+    plan = meta.ref_plan_cache
+    if "decode_groups" not in plan:
+        plan["decode_groups"] = _decode_groups(meta, k_cache.shape[1])
+        plan["starts"] = meta.query_start_loc.tolist()
     out = torch.empty_like(query)
-    starts = meta.query_start_loc.tolist()
-    decodes = [i for i, n in enumerate(meta.query_lens) if n == 1]
-    if decodes:
-        rows = torch.tensor([starts[i] for i in decodes], device=query.device)
-        tables = meta.block_tables[decodes] if len(decodes) < meta.num_seqs else meta.block_tables
-        lens = [meta.context_lens[i] for i in decodes]
-        out[rows] = _decode(query[rows], k_cache, v_cache, tables, lens, spec)
+    for group in plan["decode_groups"]:
+        out[group.rows] = _decode(query, k_cache, v_cache, group, spec)
+    starts = plan["starts"]
     for i, n in enumerate(meta.query_lens):
         if n > 1:
             s, table, ctx = slice(starts[i], starts[i] + n), meta.block_tables[i], meta.context_lens[i]

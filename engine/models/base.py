@@ -60,15 +60,18 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:  # [num_tokens, hidden]
         cfg = self.cfg
-        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.view(-1, cfg.num_heads, cfg.head_dim)  # [num_tokens, heads, head_dim]
-        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)  # [num_tokens, kv_heads, head_dim]
-        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)  # [num_tokens, q_size + 2 * kv_size]
+        num_heads, num_kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        v = qkv[:, cfg.q_size + cfg.kv_size :].view(-1, num_kv_heads, head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = kernels.apply_rotary(q, step.positions, rope_cache)
-        k = kernels.apply_rotary(k, step.positions, rope_cache)
+            q = self.q_norm(qkv[:, : cfg.q_size].view(-1, num_heads, head_dim))  # [num_tokens, heads, head_dim]
+            k = self.k_norm(qkv[:, cfg.q_size : cfg.q_size + cfg.kv_size].view(-1, num_kv_heads, head_dim))
+            q = kernels.apply_rotary(q, step.positions, rope_cache)
+            k = kernels.apply_rotary(k, step.positions, rope_cache)
+        else:
+            # one rotation for q and k together: they are adjacent in the fused projection
+            qk = qkv[:, : cfg.q_size + cfg.kv_size].view(-1, num_heads + num_kv_heads, head_dim)
+            q, k = kernels.apply_rotary(qk, step.positions, rope_cache).split([num_heads, num_kv_heads], dim=1)
         out = kernels.paged_attention(q, k, v, kv_cache[0], kv_cache[1], step.attn, self.spec)
         return F.linear(out.reshape(-1, cfg.q_size), self.o_proj)
 
