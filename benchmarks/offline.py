@@ -97,9 +97,7 @@ def bench_hf_padded(model: Any, work: Workload, batch: int) -> float:
         ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         n = max(news)
-        model.generate(
-            ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
-        )
+        model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
         generated += n * len(prompts)
     return generated / (time.perf_counter() - start)
 
@@ -109,9 +107,7 @@ def bench_hf_continuous(model: Any, work: Workload) -> float:
     from transformers import GenerationConfig
 
     n = max(work.max_new)
-    config = GenerationConfig(
-        max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=-1, pad_token_id=0
-    )
+    config = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=-1, pad_token_id=0)
     start = time.perf_counter()
     outs = model.generate_batch(inputs=work.prompts, generation_config=config, warmup=False)
     elapsed = time.perf_counter() - start

@@ -82,7 +82,7 @@ class EngineCore:
         self.throughput = ThroughputMeter()
         self.num_preemptions_total = self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = self.num_cached_tokens_total = 0
-        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[Request, Sink] | str] = queue.SimpleQueue()  # adds and aborts
         self._lock = threading.Lock()
         self._num_queued = 0  # accepted but not yet scheduled: bounded by max_waiting_requests
         self._ids_in_flight: set[str] = set()
@@ -108,11 +108,11 @@ class EngineCore:
             self._num_queued += 1
             self._ids_in_flight.add(request_id)
         request = Request(request_id, list(prompt_token_ids), params, time.monotonic())
-        self._inbox.put(("add", (request, sink)))
+        self._inbox.put((request, sink))
         self.wakeup.set()
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
+        self._inbox.put(request_id)
         self.wakeup.set()
 
     @property
@@ -125,12 +125,11 @@ class EngineCore:
 
     def _drain_inbox(self) -> None:
         while not self._inbox.empty():
-            kind, payload = self._inbox.get_nowait()
-            if kind == "add":
-                request, sink = payload  # type: ignore[misc]
-                self._admit(request, sink)
-            elif isinstance(payload, str) and payload in self.live:
-                self._finish(self.live[payload], FinishReason.ABORT)
+            item = self._inbox.get_nowait()
+            if isinstance(item, tuple):
+                self._admit(*item)
+            elif item in self.live:
+                self._finish(self.live[item], FinishReason.ABORT)
 
     def _admit(self, request: Request, sink: Sink) -> None:
         p = request.params

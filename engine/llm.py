@@ -48,14 +48,14 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[CompletionOutput]:
         """One output per prompt, in order. Prompts are text or token id lists."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        items = list(prompts)
+        items: list[str | Sequence[int]] = (
+            [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) else list(prompts)  # type: ignore[list-item]
+        )
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(items)
         if len(params) != len(items):
             raise ValueError(f"params: {len(params)} given for {len(items)} prompts")
-        encoded = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in items]
+        encoded = [self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in items]
         for ids, p in zip(encoded, params, strict=True):
             self.core.validate(ids, p)
         outputs = [CompletionOutput(ids) for ids in encoded]

@@ -41,7 +41,7 @@ def _apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
             continue
         if p.repetition_penalty != 1.0:
             seen = torch.tensor(list(row.prompt_token_ids) + list(row.output_token_ids), device=logits.device)
-            seen = seen[seen < vocab].unique()
+            seen = torch.unique(seen[seen < vocab])
             picked = logits[i, seen]
             rp = p.repetition_penalty
             logits[i, seen] = torch.where(picked > 0, picked / rp, picked * rp)

@@ -71,7 +71,7 @@ class Attention(nn.Module):
         else:
             # one rotation for q and k together: they are adjacent in the fused projection
             qk = qkv[:, : cfg.q_size + cfg.kv_size].view(-1, num_heads + num_kv_heads, head_dim)
-            q, k = kernels.apply_rotary(qk, step.positions, rope_cache).split([num_heads, num_kv_heads], dim=1)
+            q, k = torch.split(kernels.apply_rotary(qk, step.positions, rope_cache), [num_heads, num_kv_heads], dim=1)
         out = kernels.paged_attention(q, k, v, kv_cache[0], kv_cache[1], step.attn, self.spec)
         return F.linear(out.reshape(-1, cfg.q_size), self.o_proj)
 
@@ -110,15 +110,17 @@ class DecoderLayer(nn.Module):
         rope_cache: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(x), step, rope_cache, kv_cache)
+        attn: torch.Tensor = self.self_attn(self.input_layernorm(x), step, rope_cache, kv_cache)
         if not self.sandwich:
             # pre-norm (Llama, Qwen3)
             norm = self.post_attention_layernorm
             normed, h = kernels.fused_add_rms_norm(attn, x, norm.weight, norm.eps)
-            return h + self.mlp(normed)
+            mlp_out: torch.Tensor = self.mlp(normed)
+            return h + mlp_out
         # sandwich norms (Gemma 3)
-        h = x + self.post_attention_layernorm(attn)
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        residual: torch.Tensor = x + self.post_attention_layernorm(attn)
+        ffn: torch.Tensor = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(residual)))
+        return residual + ffn
 
 
 class CausalLM(nn.Module):
@@ -149,7 +151,8 @@ class CausalLM(nn.Module):
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, step, self.rope_caches[self.rope_index[i]], step.kv_caches[i])
-        return self.norm(x)
+        hidden: torch.Tensor = self.norm(x)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab] fp32
         logits = F.linear(hidden, self.lm_head).float()

@@ -37,9 +37,7 @@ async def _collect(stream: AsyncIterator[RequestOutput]) -> list[RequestOutput]:
 
 def test_stream_delivers_deltas_then_a_final_output(engine: AsyncEngine) -> None:
     async def main() -> list[RequestOutput]:
-        return await _collect(
-            engine.generate("Hello", SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
-        )
+        return await _collect(engine.generate("Hello", SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)))
 
     deltas = asyncio.run(main())
     assert sum(len(d.token_ids) for d in deltas) == 5

@@ -137,9 +137,7 @@ def test_min_tokens_holds_back_eos(engine: LLM) -> None:
 
 
 def test_logprobs_are_returned_per_token(engine: LLM) -> None:
-    out = engine.generate(
-        ["Hello"], SamplingParams(max_tokens=3, temperature=0, logprobs=2, ignore_eos=True)
-    )[0]
+    out = engine.generate(["Hello"], SamplingParams(max_tokens=3, temperature=0, logprobs=2, ignore_eos=True))[0]
     assert out.logprobs is not None and len(out.logprobs) == 3
     for token_id, lp in zip(out.token_ids, out.logprobs, strict=True):
         assert lp.token_id == token_id

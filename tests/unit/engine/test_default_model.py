@@ -71,9 +71,7 @@ def transformers_gguf_model(gguf_path: Path) -> Any:
 
     model: Any
     if is_accelerate_available():
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
-        )
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
         return model.eval()
     # from_pretrained(gguf_file=) insists on accelerate (not a dependency): use the loader it wraps
     config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
@@ -136,9 +134,7 @@ def test_greedy_answer_is_paris(hf_model: Any, hf_tokenizer: Any) -> None:
     assert "Paris" in answer
 
 
-def test_tokenizer_json_matches_transformers(
-    default_model_dir: Path, hf_tokenizer: Any, gguf_path: Path
-) -> None:
+def test_tokenizer_json_matches_transformers(default_model_dir: Path, hf_tokenizer: Any, gguf_path: Path) -> None:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
@@ -233,9 +229,7 @@ def test_error_in_writer_leaves_no_target(tmp_path: Path) -> None:
 
 
 def test_stale_temp_dirs_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    child = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = tmp_path / f".{dm.DEFAULT_MODEL_NAME}.tmp-{int(child.stdout)}-0000"  # its process is gone
     live = tmp_path / f".{dm.DEFAULT_MODEL_NAME}.tmp-{os.getppid()}-0000"  # e.g. a converter still running
     for d in (stale, live):

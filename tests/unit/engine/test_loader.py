@@ -55,9 +55,7 @@ def test_missing_tensor_is_named(llama_dir: Path, tmp_path: Path) -> None:
     tensors = load_file(d / "model.safetensors")
     del tensors["model.layers.0.self_attn.k_proj.weight"]
     save_file(tensors, d / "model.safetensors")
-    with pytest.raises(
-        ModelLoadError, match=r"weights missing from checkpoint: layers\.0\.self_attn\.qkv_proj"
-    ):
+    with pytest.raises(ModelLoadError, match=r"weights missing from checkpoint: layers\.0\.self_attn\.qkv_proj"):
         load_model(d)
 
 

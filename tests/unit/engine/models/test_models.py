@@ -94,9 +94,7 @@ def test_batched_sequences_equal_single_runs(tiny: tuple[str, Path]) -> None:
     alone_b = runner.execute([SeqWork(b, 0, list(range(8, 16)), True)])[0]
     # a decodes one more token while b is prefilled in two chunks, in one batch each
     runner.execute([SeqWork(b[:12], 0, list(range(16, 24)), False)])
-    mixed = runner.execute(
-        [SeqWork([5], len(a), list(range(8)), True), SeqWork(b[12:], 12, list(range(16, 24)), True)]
-    )
+    mixed = runner.execute([SeqWork([5], len(a), list(range(8)), True), SeqWork(b[12:], 12, list(range(16, 24)), True)])
     ref_a = runner.execute([SeqWork([*a, 5], 0, list(range(24, 32)), True)])[0]
     assert torch.allclose(mixed[0], ref_a, atol=1e-4)
     assert torch.allclose(mixed[1], alone_b, atol=1e-4)
