@@ -11,7 +11,6 @@ SUBPACKAGES := engine kernels server clients
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
 
 # NOTE: torch is pinned and installed first so that nothing later pulls a CUDA build.
 $(STAMP): pyproject.toml | $(BIN)/python
@@ -47,6 +46,10 @@ test-fast: $(DEV_STAMP)
 
 test-slow: $(DEV_STAMP)
 	$(BIN)/pytest -q -m slow
+
+# regenerate the committed gRPC stubs (clients/proto/v1/) from proto/infer/v1/*.proto
+proto: $(DEV_STAMP)
+	$(BIN)/python -m infer.clients.proto.codegen
 
 # benchmarks: not tests; each writes JSON and a Markdown table to docs/benchmarks/
 bench-offline: $(DEV_STAMP)
