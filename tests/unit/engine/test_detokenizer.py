@@ -8,33 +8,19 @@ from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as BackendTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from tokenizers import decoders, models, pre_tokenizers
 
 from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.tokenizer import Tokenizer
+from tests.helpers.tiny_tokenizer import train_byte_bpe
 
-CORPUS = [
-    "Hello world, the capital of France is Paris. The quick brown fox jumps over the lazy dog.",
-    "日本語のテキスト、中文测试。東京は日本の首都です。",
-    "Café, naïve façade, déjà vu, Ærøskøbing, straße.",
-    "I like 🙂 and 🚀 and my family 👨‍👩‍👧.",
-]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MULTIBYTE_TEXT = "🙂🚀 family 👨‍👩‍👧 — 日本語のテキスト、中文测试 · Café naïve déjà vu, Ærøskøbing 😀🧪"
 PROMPT = "The capital of France is"
 
 
 def make_tokenizer(vocab_size: int = 330) -> Tokenizer:
-    """A tiny byte-level BPE; its small vocabulary splits most multi-byte characters across tokens."""
-    backend = BackendTokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=alphabet, show_progress=False
-    )
-    backend.train_from_iterator(CORPUS * 4, trainer)
-    return Tokenizer(backend, special_tokens={"eos_token": "<|im_end|>"})
+    return Tokenizer(train_byte_bpe(vocab_size, SPECIALS), special_tokens={"eos_token": "<|im_end|>"})
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +33,7 @@ def tokenizer(request: pytest.FixtureRequest, tiny: Tokenizer) -> Tokenizer:
     """The tiny tokenizer, and the real default model's (SmolLM2) when its fixture is available."""
     if request.param == "tiny":
         return tiny
-    try:
-        model_dir: Path = request.getfixturevalue("default_model_dir")
-    except pytest.FixtureLookupError:
-        pytest.skip("no default_model_dir fixture")
+    model_dir: Path = request.getfixturevalue("default_model_dir")
     return Tokenizer.from_dir(model_dir)
 
 

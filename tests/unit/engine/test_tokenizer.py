@@ -9,16 +9,10 @@ from typing import Any
 
 import pytest
 from tokenizers import Tokenizer as BackendTokenizer
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from infer.engine.tokenizer import ChatTemplateError, Tokenizer, TokenizerLoadError
+from tests.helpers.tiny_tokenizer import train_byte_bpe
 
-CORPUS = [
-    "Hello world, the capital of France is Paris. The quick brown fox jumps over the lazy dog.",
-    "日本語のテキスト、中文测试。東京は日本の首都です。",
-    "Café, naïve façade, déjà vu, Ærøskøbing, straße.",
-    "I like 🙂 and 🚀 and my family 👨‍👩‍👧.",
-]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] }}"
@@ -43,21 +37,7 @@ CONVERSATION = [
 
 
 def make_backend(vocab_size: int = 420, bos_post_processor: bool = False) -> BackendTokenizer:
-    """A tiny byte-level BPE: multi-byte characters (CJK, emoji) span several tokens."""
-    tok = BackendTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=alphabet, show_progress=False
-    )
-    tok.train_from_iterator(CORPUS * 4, trainer)
-    if bos_post_processor:  # Llama 3 style: tokenizer.json itself adds BOS
-        bos_id = tok.token_to_id("<s>")
-        tok.post_processor = processors.TemplateProcessing(
-            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
-        )
-    return tok
+    return train_byte_bpe(vocab_size, SPECIALS, bos_post_processor)
 
 
 def write_model_dir(
@@ -97,10 +77,7 @@ def model_dir(request: pytest.FixtureRequest, tiny_dir: Path) -> Path:
     """The tiny local tokenizer, and the real default model (SmolLM2) when its fixture is available."""
     if request.param == "tiny":
         return tiny_dir
-    try:
-        path: Path = request.getfixturevalue("default_model_dir")
-    except pytest.FixtureLookupError:
-        pytest.skip("no default_model_dir fixture")
+    path: Path = request.getfixturevalue("default_model_dir")
     return path
 
 

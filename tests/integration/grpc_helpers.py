@@ -1,0 +1,80 @@
+"""In-process gRPC servers for integration tests: each on its own event-loop thread, on a free 127.0.0.1 port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from infer.engine.async_engine import AsyncEngine
+from infer.engine.config import EngineConfig
+from infer.server.app import InferenceServer
+from infer.server.settings import ServerConfig
+
+T = TypeVar("T")
+
+
+class ServerThread:
+    """An InferenceServer served from a background thread, for synchronous tests."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.spans = InMemorySpanExporter()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-grpc-server", daemon=True)
+        self._thread.start()
+        self.server: InferenceServer = self.call(self._create(config))
+        self.call(self.server.start())
+        self.call(self.server.load(), timeout_s=300)
+
+    async def _create(self, config: ServerConfig) -> InferenceServer:
+        return InferenceServer(config, span_exporter=self.spans)
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float = 60) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    @property
+    def engine(self) -> AsyncEngine:
+        assert self.server.engine is not None
+        return self.server.engine
+
+    def wait_idle(self, timeout_s: float = 30) -> None:
+        """Until the engine holds no request and no KV block."""
+        core = self.engine.core
+        deadline = time.monotonic() + timeout_s
+        while core.live or core.has_work or core.block_manager.num_used_blocks:
+            if time.monotonic() > deadline:
+                blocks = core.block_manager.num_used_blocks
+                raise AssertionError(f"engine not idle: live={list(core.live)} blocks={blocks}")
+            time.sleep(0.02)
+        core.block_manager.assert_no_leaks()
+
+    def stop(self, grace_s: float = 5) -> None:
+        self.call(self.server.stop(grace_s))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+def engine_config(model_dir: Path, **overrides: Any) -> EngineConfig:
+    values: dict[str, Any] = {"model": str(model_dir), "max_model_len": 512, "num_blocks": 512, "max_num_seqs": 32}
+    return EngineConfig(**(values | overrides))
+
+
+@contextlib.contextmanager
+def running_server(model_dir: Path, **engine_overrides: Any) -> Iterator[ServerThread]:
+    config = ServerConfig(engine=engine_config(model_dir, **engine_overrides), grpc_port=0, metrics_port=0)
+    server = ServerThread(config)
+    try:
+        yield server
+    finally:
+        server.stop()

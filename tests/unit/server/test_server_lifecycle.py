@@ -1,0 +1,75 @@
+"""Serving state: RPCs refused unless serving, drain waits for in-flight RPCs, health follows the state."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+import pytest
+from grpc_health.v1 import health_pb2
+
+from infer.engine.async_engine import AsyncEngine
+from infer.server.lifecycle import SERVICE_NAME, Lifecycle, NotServingError, State
+
+ENGINE = cast(AsyncEngine, object())
+
+
+async def _health(lifecycle: Lifecycle, service: str = "") -> int:
+    class Context:
+        async def abort(self, code: object, details: str) -> None:
+            raise AssertionError(details)
+
+    response = await lifecycle.health.Check(health_pb2.HealthCheckRequest(service=service), Context())
+    return int(response.status)
+
+
+def test_loading_refuses_rpcs_and_is_not_serving() -> None:
+    async def main() -> None:
+        lifecycle = Lifecycle()
+        await lifecycle.start()
+        assert await _health(lifecycle) == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(NotServingError, match="loading"), lifecycle.in_flight():
+            pass
+        await lifecycle.serve(ENGINE)
+        for service in ("", SERVICE_NAME):
+            assert await _health(lifecycle, service) == health_pb2.HealthCheckResponse.SERVING
+        with lifecycle.in_flight() as engine:
+            assert engine is ENGINE and lifecycle.num_in_flight == 1
+        assert lifecycle.num_in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_drain_waits_for_in_flight_rpcs_and_refuses_new_ones() -> None:
+    async def main() -> None:
+        lifecycle = Lifecycle()
+        await lifecycle.serve(ENGINE)
+        release = asyncio.Event()
+
+        async def rpc() -> None:
+            with lifecycle.in_flight():
+                await release.wait()
+
+        task = asyncio.create_task(rpc())
+        await asyncio.sleep(0)
+        drain = asyncio.create_task(lifecycle.drain(grace_s=10))
+        await asyncio.sleep(0.05)
+        assert lifecycle.state is State.DRAINING and not drain.done()
+        assert await _health(lifecycle) == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(NotServingError, match="shutting down"), lifecycle.in_flight():
+            pass
+        release.set()
+        assert await drain is True
+        await task
+
+    asyncio.run(main())
+
+
+def test_drain_gives_up_after_the_grace_period() -> None:
+    async def main() -> bool:
+        lifecycle = Lifecycle()
+        await lifecycle.serve(ENGINE)
+        with lifecycle.in_flight():
+            return await lifecycle.drain(grace_s=0.05)
+
+    assert asyncio.run(main()) is False

@@ -1,0 +1,64 @@
+"""`infer serve` settings: flags, INFER_* variables, defaults from the config dataclasses, the docs table."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from infer.engine.config import EngineConfig
+from infer.server.settings import SETTINGS, ServerConfig, add_settings, config_from_args, settings_markdown
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
+
+
+def parse(argv: list[str], environ: dict[str, str] | None = None) -> ServerConfig:
+    parser = argparse.ArgumentParser()
+    add_settings(parser, environ or {})
+    return config_from_args(parser.parse_args(argv))
+
+
+def test_every_config_field_has_exactly_one_setting() -> None:
+    names = [s.name for s in SETTINGS]
+    assert len(names) == len(set(names))
+    expected = {f.name for f in fields(EngineConfig)} | {f.name for f in fields(ServerConfig)} - {"engine", "warmup"}
+    assert set(names) == expected
+
+
+def test_defaults_are_the_dataclass_defaults() -> None:
+    assert parse([]) == ServerConfig()
+
+
+def test_flags_win_over_environment_over_defaults() -> None:
+    env = {"INFER_MAX_MODEL_LEN": "1024", "INFER_GRPC_PORT": "6000", "INFER_ENABLE_PREFIX_CACHING": "false"}
+    config = parse(["--grpc-port", "7000", "--num-blocks", "64", "--metrics-port", "off"], env)
+    assert config.grpc_port == 7000 and config.metrics_port is None
+    assert config.engine.max_model_len == 1024 and config.engine.num_blocks == 64
+    assert config.engine.enable_prefix_caching is False
+    assert parse(["--enable-prefix-caching"], env).engine.enable_prefix_caching is True
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"INFER_MAX_NUM_SEQS": "many"}, "INFER_MAX_NUM_SEQS"),
+        ({"INFER_ENABLE_CHUNKED_PREFILL": "maybe"}, "INFER_ENABLE_CHUNKED_PREFILL"),
+        ({"INFER_BATCHING": "dynamic"}, "INFER_BATCHING"),
+    ],
+)
+def test_a_bad_environment_value_names_the_variable(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse([], environ)
+
+
+def test_an_invalid_setting_names_the_field() -> None:
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        parse(["--max-num-seqs", "0"])
+    with pytest.raises(ValueError, match="shutdown_grace_s"):
+        parse(["--shutdown-grace-s", "-1"])
+
+
+def test_docs_table_is_current() -> None:
+    assert settings_markdown() in DOCS.read_text(), "docs/configuration.md: paste settings_markdown()"
