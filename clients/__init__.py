@@ -1,0 +1,18 @@
+"""Python clients of the infer.v1 gRPC service (no engine import: cheap for gateways and scripts)."""
+
+from infer.clients.client import DEFAULT_ADDRESS, AsyncInferClient, InferClient
+from infer.clients.types import Chunk, Completion, InferError, ModelInfo, Sampling, Timings, TokenLogprob, Usage
+
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "AsyncInferClient",
+    "Chunk",
+    "Completion",
+    "InferClient",
+    "InferError",
+    "ModelInfo",
+    "Sampling",
+    "Timings",
+    "TokenLogprob",
+    "Usage",
+]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -21,9 +22,7 @@ def _generate(args: argparse.Namespace) -> int:
     from infer.engine.sampling_params import SamplingParams
 
     llm = LLM(args.model, max_model_len=args.max_model_len, num_blocks=None)
-    prompt = (
-        llm.tokenizer.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
-    )
+    prompt = llm.tokenizer.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     for delta in llm.stream(prompt, params):
         sys.stdout.write(delta.text)
@@ -35,9 +34,41 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from infer.server.app import serve
+    from infer.server.settings import config_from_args
+
+    config = config_from_args(args)
+    try:
+        return asyncio.run(serve(config))
+    except OSError as e:  # a busy port
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction, with_settings: bool) -> None:  # type: ignore[type-arg]
+    serve = sub.add_parser(
+        "serve",
+        help="serve the model over gRPC (health, reflection, Prometheus metrics)",
+        description="Every setting is also read from its INFER_* environment variable; a flag wins.",
+    )
+    if with_settings:  # NOTE: the settings import torch (engine defaults); other commands stay fast without it
+        from infer.server.settings import add_settings
+
+        add_settings(serve)
+    serve.set_defaults(func=_serve)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    from infer.clients.cli import add_client_parser
+
     parser = argparse.ArgumentParser(prog="infer", description="LLM inference: generate, serve, call.")
-    parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
+    parser.add_argument(
+        "--log-level", default=os.environ.get("INFER_LOG_LEVEL"), help="DEBUG, INFO, WARNING, ERROR "
+        "[env INFER_LOG_LEVEL; default: INFO for serve, WARNING otherwise]"
+    )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="stream one completion to the terminal")
     gen.add_argument("prompt")
@@ -48,14 +79,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--max-model-len", type=int, default=2048)
     gen.set_defaults(func=_generate)
+    _add_serve_parser(sub, with_settings=argv is None or "serve" in argv)
+    add_client_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    try:
+        argv = sys.argv[1:] if argv is None else argv
+        args = build_parser(argv).parse_args(argv)
+    except ValueError as e:  # a bad INFER_* value
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    level = args.log_level or ("INFO" if args.command == "serve" else "WARNING")
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args))
     except (ValueError, FileNotFoundError) as e:

@@ -1,0 +1,75 @@
+"""`infer client ...`: call a running server from the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+
+from infer.clients.client import DEFAULT_ADDRESS, InferClient
+from infer.clients.types import InferError, Prompt, Sampling
+
+
+def _generate(args: argparse.Namespace) -> int:
+    sampling = Sampling(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    prompt: Prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+    with InferClient(args.address, timeout_s=args.timeout_s) as client:
+        last = None
+        for chunk in client.generate(prompt, sampling):
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            last = chunk
+    sys.stdout.write("\n")
+    if args.usage and last is not None and last.usage is not None:
+        print(f"[{last.finish_reason}] {json.dumps(asdict(last.usage))}", file=sys.stderr)
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    with InferClient(args.address, timeout_s=args.timeout_s) as client:
+        print(json.dumps(asdict(client.model_info()), indent=2))
+    return 0
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    with InferClient(args.address, timeout_s=args.timeout_s) as client:
+        text = [{"role": "user", "content": args.text}] if args.chat else args.text
+        print(json.dumps(client.tokenize(text)))
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return int(args.client_func(args))
+    except InferError as e:
+        print(f"\nerror: {e.code.name}: {e.details}", file=sys.stderr)
+        return 1
+
+
+def add_client_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    client = sub.add_parser("client", help="call a running infer server over gRPC")
+    client.add_argument(
+        "--address",
+        default=os.environ.get("INFER_ADDRESS", DEFAULT_ADDRESS),
+        help=f"server host:port [env INFER_ADDRESS; default: {DEFAULT_ADDRESS}]",
+    )
+    client.add_argument("--timeout-s", type=float, default=None, help="gRPC deadline of each call")
+    client.set_defaults(func=run)
+    commands = client.add_subparsers(dest="client_command", required=True)
+    gen = commands.add_parser("generate", help="stream a completion to the terminal")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    gen.add_argument("--usage", action="store_true", help="print the finish reason and token usage to stderr")
+    gen.set_defaults(client_func=_generate)
+    info = commands.add_parser("info", help="the served model and its limits")
+    info.set_defaults(client_func=_info)
+    tok = commands.add_parser("tokenize", help="token ids of a text")
+    tok.add_argument("text")
+    tok.add_argument("--chat", action="store_true", help="tokenize the text as a user chat message")
+    tok.set_defaults(client_func=_tokenize)

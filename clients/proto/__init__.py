@@ -1,0 +1,1 @@
+"""The gRPC stubs generated from `proto/` (one subpackage per proto version) and their generator."""

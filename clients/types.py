@@ -1,0 +1,156 @@
+"""Plain client-side types, and their proto conversions. No engine import: gateways use these."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import grpc
+
+from infer.clients.proto.v1 import inference_pb2 as pb
+
+# text, token ids, or chat messages ({"role": ..., "content": ...})
+Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
+
+FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+
+
+class InferError(Exception):
+    """A failed RPC: `code` is the gRPC status code, `details` the server's message."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code, self.details = code, details
+
+    @classmethod
+    def from_rpc_error(cls, error: grpc.RpcError) -> InferError:
+        return cls(error.code(), error.details() or "")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters; None = the server's default (see the proto for each)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool | None = None
+
+    def to_proto(self) -> pb.SamplingParams:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return pb.SamplingParams(**{k: v for k, v in values.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()  # (token id, token, logprob), best first
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_s: float  # arrival to first scheduled
+    ttft_s: float  # arrival to first token (server side)
+    total_s: float
+    num_preemptions: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed message: new tokens and text; the last one also has finish_reason and usage."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: str | None = None  # "stop" or "length" on the last chunk
+    usage: Usage | None = None
+    timings: Timings | None = None
+
+    @classmethod
+    def from_proto(cls, r: pb.GenerateResponse) -> Chunk:
+        logprobs = tuple(
+            TokenLogprob(lp.token_id, lp.token, lp.logprob, tuple((t.token_id, t.token, t.logprob) for t in lp.top))
+            for lp in r.logprobs
+        )
+        usage = timings = None
+        if r.HasField("usage"):
+            usage = Usage(r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.cached_tokens)
+        if r.HasField("timings"):
+            t = r.timings
+            timings = Timings(t.queue_s, t.ttft_s, t.total_s, t.num_preemptions)
+        reason = FINISH_REASONS.get(r.finish_reason)
+        return cls(r.request_id, tuple(r.token_ids), r.text, logprobs, reason, usage, timings)
+
+
+@dataclass
+class Completion:
+    """A whole completion, gathered from its chunks."""
+
+    request_id: str = ""
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+    def add(self, chunk: Chunk) -> None:
+        self.request_id = chunk.request_id
+        self.text += chunk.text
+        self.token_ids.extend(chunk.token_ids)
+        if chunk.finish_reason is not None:
+            self.finish_reason, self.usage = chunk.finish_reason, chunk.usage
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_id: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    has_chat_template: bool
+
+    @classmethod
+    def from_proto(cls, r: pb.GetModelInfoResponse) -> ModelInfo:
+        return cls(r.model_id, r.max_model_len, r.vocab_size, tuple(r.eos_token_ids), r.has_chat_template)
+
+
+def _chat(messages: Sequence[Mapping[str, str]]) -> pb.ChatMessages:
+    return pb.ChatMessages(messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages])
+
+
+def generate_request(prompt: Prompt, sampling: Sampling | None, request_id: str = "") -> pb.GenerateRequest:
+    request = pb.GenerateRequest(request_id=request_id, sampling=(sampling or Sampling()).to_proto())
+    if isinstance(prompt, str):
+        request.prompt = prompt
+    elif prompt and all(isinstance(m, Mapping) for m in prompt):
+        request.messages.CopyFrom(_chat(prompt))  # type: ignore[arg-type]
+    else:
+        request.token_ids.ids.extend(prompt)  # type: ignore[arg-type]
+    return request
+
+
+def tokenize_request(text: str | Sequence[Mapping[str, str]], **options: Any) -> pb.TokenizeRequest:
+    if isinstance(text, str):
+        return pb.TokenizeRequest(text=text, **options)
+    return pb.TokenizeRequest(messages=_chat(text), **options)

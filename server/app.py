@@ -1,0 +1,137 @@
+"""The gRPC server around one engine: start (NOT_SERVING), load and warm up (SERVING), drain, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import uuid
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.engine.async_engine import AsyncEngine
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.stats import EngineStats
+from infer.server.lifecycle import Lifecycle
+from infer.server.servicer import InferenceServicer
+from infer.server.settings import ServerConfig
+from infer.server.telemetry import Telemetry, make_span_exporter
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    pb.DESCRIPTOR.services_by_name["InferenceService"].full_name,
+    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+    reflection.SERVICE_NAME,
+)
+GRPC_OPTIONS = (
+    ("grpc.so_reuseport", 0),  # NOTE: a second server on a busy port must fail, not share it silently
+    ("grpc.keepalive_time_ms", 30_000),  # ping idle clients: a vanished one is cancelled and its request aborted
+    ("grpc.keepalive_timeout_ms", 10_000),
+)
+
+
+class InferenceServer:
+    def __init__(self, config: ServerConfig, span_exporter: SpanExporter | None = None) -> None:
+        self.config = config
+        self.lifecycle = Lifecycle()
+        exporter = span_exporter if span_exporter is not None else make_span_exporter(config.traces)
+        self.telemetry = Telemetry(self._stats, exporter, batch_spans=span_exporter is None)
+        self._server: grpc.aio.Server | None = None
+        self.port = 0
+        self.metrics_port: int | None = None
+
+    @property
+    def engine(self) -> AsyncEngine | None:
+        return self.lifecycle.engine
+
+    def _stats(self) -> EngineStats | None:
+        engine = self.lifecycle.engine
+        return engine.core.stats() if engine is not None else None
+
+    async def start(self) -> None:
+        """Listen at once, reporting NOT_SERVING until `load` is done."""
+        cfg = self.config
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        servicer = InferenceServicer(self.lifecycle, self.telemetry)
+        pb_grpc.add_InferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+        health_pb2_grpc.add_HealthServicer_to_server(self.lifecycle.health, server)
+        reflection.enable_server_reflection(SERVICE_NAMES, server)
+        try:
+            self.port = server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        except RuntimeError as e:  # grpc reports a failed bind this way
+            raise OSError(f"cannot listen on {cfg.host}:{cfg.grpc_port} (in use?): {e}") from None
+        if self.port == 0:
+            raise OSError(f"cannot listen on {cfg.host}:{cfg.grpc_port} (in use?)")
+        await server.start()
+        self._server = server
+        await self.lifecycle.start()
+        logger.info("gRPC listening on %s:%d (NOT_SERVING until the model is loaded)", cfg.host, self.port)
+        if cfg.metrics_port is not None:
+            try:
+                self.metrics_port = self.telemetry.serve_metrics(cfg.host, cfg.metrics_port)
+            except OSError as e:
+                await server.stop(None)
+                raise OSError(f"cannot serve metrics on {cfg.host}:{cfg.metrics_port}: {e}") from None
+            logger.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, self.metrics_port)
+
+    async def load(self) -> None:
+        """Load the model (in a thread: health keeps answering), warm it up, then report SERVING."""
+        engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
+        if self.config.warmup:
+            await _warmup(engine)
+        core, cfg = engine.core, self.config.engine
+        logger.info(
+            "model %s from %s on %s (%s): %d KV blocks of %d tokens, max_model_len %d, max_num_seqs %d",
+            core.model_dir.name, core.model_dir, cfg.device, cfg.dtype, core.num_blocks, cfg.block_size,
+            cfg.max_model_len, cfg.max_num_seqs,
+        )  # fmt: skip
+        await self.lifecycle.serve(engine)
+        logger.info("SERVING on %s:%d", self.config.host, self.port)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Drain (NOT_SERVING, refuse new RPCs, let in-flight ones finish within grace_s), then stop."""
+        grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
+        await self.lifecycle.drain(grace_s)
+        if self._server is not None:
+            await self._server.stop(grace=0.5)  # cancels what is left: their engine requests are aborted
+        self.lifecycle.stopped()
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.shutdown)
+        self.telemetry.shutdown()
+        logger.info("stopped")
+
+
+async def _warmup(engine: AsyncEngine) -> None:
+    ids = engine.core.tokenizer.encode("Hello") or [0]
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    async for _ in engine.generate(ids, params, f"warmup-{uuid.uuid4().hex}"):
+        pass
+
+
+async def serve(config: ServerConfig) -> int:
+    """`infer serve`: run until SIGTERM or SIGINT, then drain and exit 0; 1 when the model fails to load."""
+    server = InferenceServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    load = asyncio.create_task(server.load())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({load, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if load.done() and load.exception() is not None:
+        logger.error("model failed to load: %s", load.exception())
+        stopping.cancel()
+        await server.stop(grace_s=0)
+        return 1
+    await stopping
+    load.cancel()  # a signal during loading: stop without serving
+    logger.info("signal received: draining (grace %.1f s)", config.shutdown_grace_s)
+    await server.stop()
+    return 0

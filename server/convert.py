@@ -1,0 +1,98 @@
+"""Proto <-> engine types. Nothing else: no I/O, no engine calls beyond the tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.engine.core import EngineCore
+from infer.engine.request import FinishReason, RequestOutput, TokenLogprob
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.tokenizer import Tokenizer
+
+_OPTIONAL_FIELDS = (
+    "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "seed", "min_tokens", "logprobs", "skip_special_tokens",
+)  # fmt: skip
+_FINISH_REASONS = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH}
+
+
+def sampling_params(proto: pb.SamplingParams) -> SamplingParams:
+    """Engine parameters; unset fields keep the engine defaults. ValueError names the field (`sampling.top_p`)."""
+    values: dict[str, Any] = {name: getattr(proto, name) for name in _OPTIONAL_FIELDS if proto.HasField(name)}
+    values |= {"stop": tuple(proto.stop), "stop_token_ids": tuple(proto.stop_token_ids), "ignore_eos": proto.ignore_eos}
+    try:
+        return SamplingParams(**values)
+    except ValueError as e:
+        raise ValueError(f"sampling.{e}") from None
+
+
+def _messages(proto: pb.ChatMessages) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in proto.messages]
+
+
+def _encode_chat(tokenizer: Tokenizer, messages: pb.ChatMessages, add_generation_prompt: bool = True) -> str:
+    try:
+        return tokenizer.apply_chat_template(_messages(messages), add_generation_prompt=add_generation_prompt)
+    except ValueError as e:
+        raise ValueError(f"messages: {e}") from None
+
+
+def prompt_token_ids(request: pb.GenerateRequest, tokenizer: Tokenizer) -> list[int]:
+    """The prompt as token ids, from text, ids or chat messages."""
+    kind = request.WhichOneof("input")
+    if kind == "prompt":
+        return tokenizer.encode(request.prompt)
+    if kind == "token_ids":
+        return list(request.token_ids.ids)
+    if kind == "messages":
+        return tokenizer.encode(_encode_chat(tokenizer, request.messages), add_special_tokens=False)
+    raise ValueError("input: one of prompt, token_ids or messages is required")
+
+
+def _logprob(lp: TokenLogprob, tokenizer: Tokenizer) -> pb.TokenLogprob:
+    def text(token_id: int) -> str:
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+
+    top = [pb.TopLogprob(token_id=t, logprob=v, token=text(t)) for t, v in lp.top]
+    return pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, token=text(lp.token_id), top=top)
+
+
+def generate_response(out: RequestOutput, tokenizer: Tokenizer) -> pb.GenerateResponse:
+    """One streamed message; the last also carries finish reason, usage and timings."""
+    response = pb.GenerateResponse(request_id=out.request_id, token_ids=out.token_ids, text=out.text)
+    if out.logprobs:
+        response.logprobs.extend(_logprob(lp, tokenizer) for lp in out.logprobs)
+    if out.finish_reason in _FINISH_REASONS:
+        response.finish_reason = _FINISH_REASONS[out.finish_reason]
+    if out.usage is not None:
+        u = out.usage
+        response.usage.CopyFrom(pb.Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                                         cached_tokens=u.cached_tokens))  # fmt: skip
+    if out.timings is not None:
+        t = out.timings
+        response.timings.CopyFrom(pb.Timings(queue_s=t.queue_s, ttft_s=t.ttft_s, total_s=t.total_s,
+                                             num_preemptions=t.num_preemptions))  # fmt: skip
+    return response
+
+
+def model_info(core: EngineCore) -> pb.GetModelInfoResponse:
+    return pb.GetModelInfoResponse(
+        model_id=core.model_dir.name,
+        max_model_len=core.config.max_model_len,
+        vocab_size=core.model_config.vocab_size,
+        eos_token_ids=sorted(core.eos_token_ids),
+        has_chat_template=core.tokenizer.chat_template is not None,
+    )
+
+
+def tokenize(request: pb.TokenizeRequest, tokenizer: Tokenizer) -> pb.TokenizeResponse:
+    kind = request.WhichOneof("input")
+    if kind == "text":
+        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        return pb.TokenizeResponse(token_ids=tokenizer.encode(request.text, add_special), text=request.text)
+    if kind == "messages":
+        add_prompt = request.add_generation_prompt if request.HasField("add_generation_prompt") else True
+        text = _encode_chat(tokenizer, request.messages, add_prompt)
+        return pb.TokenizeResponse(token_ids=tokenizer.encode(text, add_special_tokens=False), text=text)
+    raise ValueError("input: one of text or messages is required")

@@ -1,0 +1,87 @@
+"""Serving state: loading -> serving -> draining -> stopped, mirrored in grpc.health.v1.
+
+RPCs enter through `in_flight()`: refused unless serving, counted while they run, so a drain
+can wait for the in-flight ones to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Iterator
+
+from grpc_health.v1 import health, health_pb2
+
+from infer.engine.async_engine import AsyncEngine
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "infer.v1.InferenceService"
+
+
+class State(enum.Enum):
+    LOADING = "loading"
+    SERVING = "serving"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class NotServingError(RuntimeError):
+    """The server is loading its model or draining: UNAVAILABLE, try another replica."""
+
+
+class Lifecycle:
+    def __init__(self) -> None:
+        self.state = State.LOADING
+        self.health = health.aio.HealthServicer()
+        self.engine: AsyncEngine | None = None
+        self.num_in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def start(self) -> None:
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def serve(self, engine: AsyncEngine) -> None:
+        """The model is loaded and warm: accept RPCs."""
+        self.engine, self.state = engine, State.SERVING
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[AsyncEngine]:
+        """The engine for one RPC; NotServingError unless serving."""
+        if self.state is not State.SERVING or self.engine is None:
+            reason = "the model is loading" if self.state is State.LOADING else "the server is shutting down"
+            raise NotServingError(f"not serving: {reason}")
+        self.num_in_flight += 1
+        self._idle.clear()
+        try:
+            yield self.engine
+        finally:
+            self.num_in_flight -= 1
+            if self.num_in_flight == 0:
+                self._idle.set()
+
+    async def drain(self, grace_s: float) -> bool:
+        """Health NOT_SERVING, refuse new RPCs, wait for in-flight ones; False if some outlived grace_s."""
+        if self.state is not State.STOPPED:
+            self.state = State.DRAINING
+        await self.health.enter_graceful_shutdown()
+        logger.info("draining: %d RPCs in flight, grace %.1f s", self.num_in_flight, grace_s)
+        if self.num_in_flight == 0:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        except TimeoutError:
+            logger.warning("drain: %d RPCs still in flight after %.1f s; cancelling them", self.num_in_flight, grace_s)
+            return False
+        return True
+
+    def stopped(self) -> None:
+        self.state = State.STOPPED

@@ -1,0 +1,129 @@
+"""The infer.v1 servicer: translates proto <-> engine calls, and errors into gRPC status codes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import cast
+
+import grpc
+
+from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.engine.async_engine import AsyncEngine
+from infer.engine.core import QueueFullError
+from infer.engine.request import FinishReason, RequestOutput
+from infer.engine.sampling_params import SamplingParams
+from infer.server import convert
+from infer.server.lifecycle import Lifecycle, NotServingError
+from infer.server.telemetry import RequestTrace, Telemetry
+
+logger = logging.getLogger(__name__)
+
+
+class StatusError(Exception):
+    """End the RPC with this status code and message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _status(error: Exception) -> tuple[grpc.StatusCode, str]:
+    if isinstance(error, StatusError):
+        return error.code, error.message
+    if isinstance(error, ValueError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, QueueFullError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"queue full: {error}"
+    if isinstance(error, NotServingError):
+        return grpc.StatusCode.UNAVAILABLE, str(error)
+    logger.exception("unexpected error in an RPC", exc_info=error)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}"
+
+
+def _cancelled_code(context: grpc.aio.ServicerContext) -> str:
+    remaining = context.time_remaining()
+    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+
+
+class InferenceServicer(pb_grpc.InferenceServiceServicer):
+    def __init__(self, lifecycle: Lifecycle, telemetry: Telemetry) -> None:
+        self.lifecycle, self.telemetry = lifecycle, telemetry
+
+    @contextlib.asynccontextmanager
+    async def _rpc(
+        self, context: grpc.aio.ServicerContext, method: str, request_id: str = ""
+    ) -> AsyncIterator[tuple[AsyncEngine, RequestTrace]]:
+        """Count the RPC in flight, trace it, and turn an exception into its status code."""
+        trace = self.telemetry.start_request(method, request_id, dict(context.invocation_metadata() or ()))
+        try:
+            with self.lifecycle.in_flight() as engine:
+                yield engine, trace
+        except (asyncio.CancelledError, GeneratorExit):
+            trace.end(_cancelled_code(context))
+            raise
+        except Exception as e:
+            code, message = _status(e)
+            trace.end(code.name, message)
+            await context.abort(code, message)
+        else:
+            trace.end("OK")
+
+    async def Generate(  # noqa: N802 (gRPC method names)
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        request_id = request.request_id or uuid.uuid4().hex
+        async with self._rpc(context, "Generate", request_id) as (engine, trace):
+            tokenizer = engine.core.tokenizer
+            prompt = convert.prompt_token_ids(request, tokenizer)
+            params = convert.sampling_params(request.sampling)
+            _validate(engine, prompt, params)
+            _admit_by_deadline(engine, len(prompt), context.time_remaining())
+            stream = cast(AsyncGenerator[RequestOutput], engine.generate(prompt, params, request_id))
+            async with contextlib.aclosing(stream):  # leaving early aborts the request in the engine
+                async for out in stream:
+                    trace.on_output(out)
+                    if out.finish_reason is FinishReason.ERROR:
+                        raise StatusError(grpc.StatusCode.INTERNAL, f"request {request_id} failed: {out.error}")
+                    if out.finish_reason is FinishReason.ABORT:
+                        raise StatusError(grpc.StatusCode.CANCELLED, f"request {request_id} was aborted")
+                    yield convert.generate_response(out, tokenizer)
+
+    async def GetModelInfo(  # noqa: N802
+        self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetModelInfoResponse:
+        async with self._rpc(context, "GetModelInfo") as (engine, _):
+            return convert.model_info(engine.core)
+        raise AssertionError("unreachable: _rpc aborts on error")
+
+    async def Tokenize(  # noqa: N802
+        self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TokenizeResponse:
+        async with self._rpc(context, "Tokenize") as (engine, _):
+            return convert.tokenize(request, engine.core.tokenizer)
+        raise AssertionError("unreachable: _rpc aborts on error")
+
+
+def _validate(engine: AsyncEngine, prompt: list[int], params: SamplingParams) -> None:
+    try:
+        engine.core.validate(prompt, params)
+    except ValueError as e:
+        message = str(e)
+        raise ValueError(f"sampling.{message}" if message.startswith("max_tokens:") else message) from None
+
+
+def _admit_by_deadline(engine: AsyncEngine, num_prompt_tokens: int, time_remaining_s: float | None) -> None:
+    """Refuse at once when the work queued ahead already predicts a first token past the deadline."""
+    if time_remaining_s is None:
+        return
+    predicted_s = engine.core.predict_ttft_s(num_prompt_tokens)
+    if predicted_s > time_remaining_s:
+        raise StatusError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"predicted time to first token {predicted_s:.2f} s exceeds the {time_remaining_s:.2f} s "
+            "left before the deadline",
+        )

@@ -1,0 +1,170 @@
+"""`infer serve` settings: one table gives every flag, its `INFER_*` variable, its default and the docs.
+
+A value comes from the flag, else the environment variable, else the dataclass default
+(`EngineConfig` for engine settings, `ServerConfig` for the server's own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from infer.engine.config import DTYPES, EngineConfig
+from infer.engine.validation import check
+
+ENV_PREFIX = "INFER_"
+TRACE_EXPORTERS = ("none", "console", "otlp")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    host: str = "127.0.0.1"
+    grpc_port: int = 50051  # 0 = any free port
+    metrics_port: int | None = 9464  # None = no metrics endpoint; 0 = any free port
+    shutdown_grace_s: float = 30.0  # SIGTERM: how long in-flight streams may take to finish
+    traces: str = "none"  # span exporter: none, console or otlp
+    warmup: bool = True  # one tiny request before reporting SERVING
+
+    def __post_init__(self) -> None:
+        check("grpc_port", 0 <= self.grpc_port < 65536, "must be in [0, 65535]")
+        check("metrics_port", self.metrics_port is None or 0 <= self.metrics_port < 65536, "must be in [0, 65535]")
+        check("shutdown_grace_s", self.shutdown_grace_s >= 0, "must be >= 0")
+        check("traces", self.traces in TRACE_EXPORTERS, f"must be one of {', '.join(TRACE_EXPORTERS)}")
+
+
+def _optional_int(text: str) -> int | None:
+    return None if text.lower() in ("", "none") else int(text)
+
+
+def _port_or_off(text: str) -> int | None:
+    return None if text.lower() in ("off", "none") else int(text)
+
+
+def _optional_str(text: str) -> str | None:
+    return text or None
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the config field; flag --name-with-dashes, env INFER_NAME
+    parse: Callable[[str], Any]
+    help: str
+    is_engine: bool = True
+    choices: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def default(self) -> Any:
+        owner = EngineConfig if self.is_engine else ServerConfig
+        f = next(f for f in fields(owner) if f.name == self.name)
+        return f.default if f.default is not MISSING else None
+
+
+def _server(name: str, parse: Callable[[str], Any], help: str, choices: tuple[str, ...] = ()) -> Setting:
+    return Setting(name, parse, help, is_engine=False, choices=choices)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    _server("host", str, "address to listen on (0.0.0.0 for all interfaces)"),
+    _server("grpc_port", int, "gRPC port (0 = any free port)"),
+    _server("metrics_port", _port_or_off, "Prometheus /metrics port (0 = any free port, off = none)"),
+    _server("shutdown_grace_s", float, "on SIGTERM, how long in-flight streams may take to finish"),
+    _server(
+        "traces",
+        str,
+        "request spans: to stderr (console), or otlp (needs opentelemetry-exporter-otlp-proto-grpc)",
+        TRACE_EXPORTERS,
+    ),
+    Setting("model", _optional_str, "a Hugging Face model directory (default: SmolLM2-135M-Instruct)"),
+    Setting("max_model_len", int, "prompt + generated tokens of one request"),
+    Setting("max_num_seqs", int, "requests running at once"),
+    Setting("max_num_batched_tokens", int, "token budget of one engine step"),
+    Setting("block_size", int, "tokens per KV-cache block"),
+    Setting("kv_cache_memory_bytes", int, "KV-cache size in bytes, unless num_blocks is given"),
+    Setting("num_blocks", _optional_int, "KV-cache blocks (overrides kv_cache_memory_bytes)"),
+    Setting("max_waiting_requests", int, "queue bound; more requests are refused (RESOURCE_EXHAUSTED)"),
+    Setting("batching", str, "continuous, or static (a benchmark baseline)", choices=("continuous", "static")),
+    Setting(
+        "kv_reserve", str, "paged, or full (max_model_len blocks per request: a baseline)", choices=("paged", "full")
+    ),
+    Setting("enable_chunked_prefill", _bool, "cut long prompts into chunks under the step's token budget"),
+    Setting("enable_prefix_caching", _bool, "reuse the KV blocks of shared prompt prefixes"),
+    Setting("static_batch_wait_s", float, "static batching: how long to gather a batch"),
+    Setting("dtype", str, "weights and KV-cache dtype", choices=tuple(DTYPES)),
+    Setting("device", str, "torch device (cpu, cuda, cuda:1, ...)"),
+    Setting("seed", int, "engine seed for unseeded sampling"),
+)
+
+
+def _env_default(setting: Setting, environ: Mapping[str, str]) -> Any:
+    raw = environ.get(setting.env)
+    if raw is None:
+        return setting.default
+    try:
+        value = setting.parse(raw)
+    except ValueError as e:
+        raise ValueError(f"{setting.env}: invalid value {raw!r} ({e})") from None
+    if setting.choices and value not in setting.choices:
+        raise ValueError(f"{setting.env}: must be one of {', '.join(setting.choices)}")
+    return value
+
+
+def add_settings(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
+    """One flag per setting; its default comes from INFER_* in `environ` (os.environ by default)."""
+    environ = os.environ if environ is None else environ
+    for s in SETTINGS:
+        default = _env_default(s, environ)
+        text = f"{s.help} [env {s.env}; default: {_show(s.default)}]"
+        if s.parse is _bool:
+            parser.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+        else:
+            choices = list(s.choices) or None
+            parser.add_argument(s.flag, type=s.parse, default=default, choices=choices, help=text, metavar=_metavar(s))
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """ServerConfig from parsed flags; ValueError naming the setting when a value is invalid."""
+    engine = EngineConfig.from_dict({s.name: getattr(args, s.name) for s in SETTINGS if s.is_engine})
+    server = {s.name: getattr(args, s.name) for s in SETTINGS if not s.is_engine}
+    return ServerConfig(engine=engine, **server)
+
+
+def _metavar(s: Setting) -> str:
+    return "{" + ",".join(s.choices) + "}" if s.choices else s.name.upper()
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def settings_markdown() -> str:
+    """The configuration table of docs/configuration.md (a test keeps the two equal)."""
+    rows = ["| flag | environment variable | default | meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        flag = f"`{s.flag}` / `--no-{s.flag[2:]}`" if s.parse is _bool else f"`{s.flag}`"
+        rows.append(f"| {flag} | `{s.env}` | `{_show(s.default)}` | {s.help} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,178 @@
+"""OpenTelemetry for the server: a span per RPC, and metrics exported in the Prometheus format.
+
+Each server owns its tracer and meter providers (no process-wide globals), and its own
+Prometheus registry, so several servers can live in one process (tests do).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from opentelemetry import propagate, trace
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from prometheus_client import CollectorRegistry, start_http_server
+
+from infer.engine.request import RequestOutput
+from infer.engine.stats import EngineStats
+
+logger = logging.getLogger(__name__)
+
+TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+StatsSource = Callable[[], EngineStats | None]
+
+
+class RequestTrace:
+    """One RPC: its span, time to first token and inter-token latency; `end` records the outcome."""
+
+    def __init__(self, telemetry: Telemetry, method: str, span: trace.Span) -> None:
+        self._telemetry, self.method, self.span = telemetry, method, span
+        self.started_s = self._last_token_s = time.monotonic()
+        self.num_tokens = 0
+        self.is_ended = False
+
+    def on_output(self, out: RequestOutput) -> None:
+        if out.token_ids:
+            self._tokens(len(out.token_ids))
+        if out.finished:
+            self._finished(out)
+
+    def _tokens(self, num_tokens: int) -> None:
+        now, t = time.monotonic(), self._telemetry
+        if self.num_tokens == 0:
+            t.ttft.record(now - self.started_s)
+            self.span.add_event("first_token")
+        else:
+            for _ in range(num_tokens):
+                t.itl.record((now - self._last_token_s) / num_tokens)
+        self.num_tokens += num_tokens
+        self._last_token_s = now
+
+    def _finished(self, out: RequestOutput) -> None:
+        attrs: dict[str, Any] = {"infer.finish_reason": str(out.finish_reason)}
+        if out.usage is not None:
+            attrs |= {
+                "infer.usage.prompt_tokens": out.usage.prompt_tokens,
+                "infer.usage.completion_tokens": out.usage.completion_tokens,
+                "infer.usage.cached_tokens": out.usage.cached_tokens,
+            }
+        if out.timings is not None:
+            attrs |= {"infer.queue_s": out.timings.queue_s, "infer.preemptions": out.timings.num_preemptions}
+        self.span.set_attributes(attrs)
+
+    def end(self, code: str, message: str = "") -> None:
+        """Record the outcome once: `code` is a gRPC status name (OK, CANCELLED, ...)."""
+        if self.is_ended:
+            return
+        self.is_ended = True
+        self.span.set_attribute("rpc.grpc.status_code", code)
+        self.span.set_attribute("infer.completion_tokens_streamed", self.num_tokens)
+        if code != "OK":
+            self.span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code}: {message}"))
+        self.span.end()
+        self._telemetry.requests.add(1, {"method": self.method, "code": code})
+        self._telemetry.duration.record(time.monotonic() - self.started_s, {"method": self.method})
+
+
+class Telemetry:
+    def __init__(self, stats: StatsSource, span_exporter: SpanExporter | None = None, batch_spans: bool = True) -> None:
+        resource = Resource.create({"service.name": "infer"})
+        self.tracer_provider = TracerProvider(resource=resource)
+        if span_exporter is not None:
+            processor = BatchSpanProcessor if batch_spans else SimpleSpanProcessor
+            self.tracer_provider.add_span_processor(processor(span_exporter))
+        self.tracer = self.tracer_provider.get_tracer("infer.server")
+        self.registry = CollectorRegistry()
+        reader = PrometheusMetricReader(disable_target_info=True, scope_info_enabled=False, registry=self.registry)
+        self.meter_provider = MeterProvider(metric_readers=[reader], resource=resource)
+        self._stats = stats
+        self._http: Any = None
+        self._create_instruments()
+
+    def _create_instruments(self) -> None:
+        meter = self.meter_provider.get_meter("infer.server")
+        self.requests = meter.create_counter("infer.requests", "{request}", "RPCs by method and final status code")
+        self.ttft = meter.create_histogram(
+            "infer.time_to_first_token", "s", "RPC start to first token",
+            explicit_bucket_boundaries_advisory=TTFT_BUCKETS_S,
+        )  # fmt: skip
+        self.itl = meter.create_histogram(
+            "infer.inter_token_latency", "s", "time between streamed tokens",
+            explicit_bucket_boundaries_advisory=ITL_BUCKETS_S,
+        )  # fmt: skip
+        self.duration = meter.create_histogram(
+            "infer.request_duration", "s", "RPC start to end", explicit_bucket_boundaries_advisory=TTFT_BUCKETS_S
+        )
+        gauges = {
+            "infer.requests.waiting": ("{request}", "requests waiting to be scheduled", "num_waiting"),
+            "infer.requests.running": ("{request}", "requests running in the engine", "num_running"),
+            "infer.kv_blocks.used": ("{block}", "KV-cache blocks in use", "num_blocks_used"),
+            "infer.kv_blocks.free": ("{block}", "KV-cache blocks free", "num_blocks_free"),
+        }
+        for name, (unit, description, attr) in gauges.items():
+            meter.create_observable_gauge(name, [self._observe(attr)], unit, description)
+        counters = {
+            "infer.prompt_tokens": ("{token}", "prompt tokens computed", "num_prompt_tokens_total"),
+            "infer.generation_tokens": ("{token}", "tokens generated", "num_generation_tokens_total"),
+            "infer.prefix_cache_hit_tokens": ("{token}", "prefix-cache hits", "num_cached_tokens_total"),
+            "infer.preemptions": ("{preemption}", "requests preempted for KV blocks", "num_preemptions_total"),
+        }
+        for name, (unit, description, attr) in counters.items():
+            meter.create_observable_counter(name, [self._observe(attr)], unit, description)
+
+    def _observe(self, attr: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            stats = self._stats()
+            return [] if stats is None else [Observation(getattr(stats, attr))]
+
+        return callback
+
+    def start_request(self, method: str, request_id: str, metadata: Mapping[str, str] | None = None) -> RequestTrace:
+        """A span for one RPC, a child of the caller's W3C `traceparent` when it sent one."""
+        parent = propagate.extract(dict(metadata or {}))
+        span = self.tracer.start_span(
+            f"infer.v1.InferenceService/{method}",
+            context=parent,
+            kind=trace.SpanKind.SERVER,
+            attributes={"rpc.system": "grpc", "rpc.method": method, "infer.request_id": request_id},
+        )
+        return RequestTrace(self, method, span)
+
+    def serve_metrics(self, host: str, port: int) -> int:
+        """Start the Prometheus HTTP endpoint; returns its port."""
+        self._http, _ = start_http_server(port, addr=host, registry=self.registry)
+        return int(self._http.server_port)
+
+    def shutdown(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+        self.tracer_provider.shutdown()
+        self.meter_provider.shutdown()
+
+
+def make_span_exporter(kind: str) -> SpanExporter | None:
+    """The span exporter named by `--traces`: none, console (stderr) or otlp (OTEL_EXPORTER_OTLP_* settings)."""
+    if kind == "none":
+        return None
+    if kind == "console":
+        import sys
+
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter(out=sys.stderr)
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # type: ignore[import-not-found]
+    except ImportError:
+        raise ValueError("traces: otlp needs `pip install opentelemetry-exporter-otlp-proto-grpc`") from None
+    exporter: SpanExporter = OTLPSpanExporter()
+    return exporter

@@ -1,0 +1,29 @@
+"""The `infer` command line: `serve` takes every setting, `client` stays light (no torch import)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from infer.server.cli import build_parser
+from infer.server.settings import SETTINGS
+
+
+def test_serve_takes_every_setting_as_a_flag() -> None:
+    argv = ["serve", "--grpc-port", "0", "--max-num-seqs", "4", "--no-enable-prefix-caching"]
+    args = build_parser(argv).parse_args(argv)
+    assert all(hasattr(args, s.name) for s in SETTINGS)
+    assert (args.grpc_port, args.max_num_seqs, args.enable_prefix_caching) == (0, 4, False)
+
+
+def test_client_commands_do_not_import_the_engine() -> None:
+    code = (
+        "import sys\n"
+        "from infer.server.cli import build_parser\n"
+        "argv = ['client', '--address', 'h:1', 'generate', 'Hi', '--chat']\n"
+        "args = build_parser(argv).parse_args(argv)\n"
+        "assert (args.address, args.prompt, args.chat) == ('h:1', 'Hi', True)\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
