@@ -1,0 +1,168 @@
+"""The gateway's ASGI app, and a uvicorn server for it that runs in any asyncio loop and stops on cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from infer.server.gateway.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
+from infer.server.gateway.metrics import GatewayMetrics, MetricsMiddleware
+from infer.server.gateway.routes import Routes
+from infer.server.gateway.upstream import Upstream
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 600.0  # gRPC deadline of one generation; DEADLINE_EXCEEDED -> HTTP 504
+
+
+def create_app(upstream: str, *, model_id: str | None = None, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> ASGIApp:
+    """The OpenAI-compatible ASGI app in front of the infer.v1 gRPC server at `upstream` (host:port).
+
+    `model_id`: the model name clients use (default: the server's model id); `timeout_s`: the deadline
+    of each generation (None = none).
+    """
+    client = Upstream(upstream, timeout_s)
+    metrics = GatewayMetrics()
+    routes = Routes(client, metrics, model_id)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await client.close()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", routes.completions, methods=["POST"]),
+            Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+            Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/v1/models/{model:path}", routes.model, methods=["GET"]),
+            Route("/health", routes.health, methods=["GET"]),
+            Route("/metrics", metrics.endpoint, methods=["GET"]),
+        ],
+        middleware=[Middleware(MetricsMiddleware, metrics=metrics)],
+        exception_handlers={
+            APIError: handle_api_error,
+            HTTPException: handle_http_exception,
+            Exception: handle_unexpected,
+        },
+        lifespan=lifespan,
+    )
+    app.state.metrics, app.state.upstream = metrics, client
+    return app
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    upstream: str = "127.0.0.1:50051"  # the gRPC server, host:port
+    host: str = "127.0.0.1"
+    http_port: int = 8000  # 0 = any free port
+    model_id: str | None = None
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
+    shutdown_grace_s: float = 30.0  # on stop: how long open responses may take to finish
+    access_log: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.http_port < 65536:
+            raise ValueError("http_port: must be in [0, 65535]")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ValueError("timeout_s: must be > 0")
+        if self.shutdown_grace_s < 0:
+            raise ValueError("shutdown_grace_s: must be >= 0")
+
+
+def local_upstream(grpc_host: str, grpc_port: int) -> str:
+    """The address to reach a gRPC server listening on grpc_host:grpc_port from the same machine."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(grpc_host, grpc_host)
+    return f"[{host}]:{grpc_port}" if ":" in host else f"{host}:{grpc_port}"
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # NOTE: signals belong to whoever runs the loop (`infer serve` also runs the gRPC server); we stop on cancel
+        yield
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port} (in use?): {e}") from None
+    return sock
+
+
+class GatewayServer:
+    """The gateway on uvicorn, in the running asyncio loop: `start`, then `stop` (graceful)."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.app = create_app(config.upstream, model_id=config.model_id, timeout_s=config.timeout_s)
+        self.port = 0
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Listen on host:http_port (its port in `port`) and serve until `stop`."""
+        cfg = self.config
+        sock = _listen(cfg.host, cfg.http_port)
+        self.port = int(sock.getsockname()[1])
+        uv_config = uvicorn.Config(
+            self.app, log_config=None, lifespan="on", access_log=cfg.access_log,
+            timeout_graceful_shutdown=max(int(cfg.shutdown_grace_s), 1),
+        )  # fmt: skip
+        self._server = _Server(uv_config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises why it failed
+                raise RuntimeError("the gateway stopped while starting")
+            await asyncio.sleep(0.01)
+        logger.info("OpenAI gateway on http://%s:%d/v1 -> gRPC %s", cfg.host, self.port, cfg.upstream)
+
+    async def wait(self) -> None:
+        """Until the server stops."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        """Stop accepting, let open responses finish (up to shutdown_grace_s, then cancel them), close."""
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        await self._task
+        self._server = self._task = None
+        logger.info("gateway stopped")
+
+
+async def run_gateway(
+    host: str,
+    port: int,
+    upstream: str,
+    *,
+    model_id: str | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    shutdown_grace_s: float = 30.0,
+) -> None:
+    """Serve the gateway until cancelled (`asyncio.run` cancels on SIGINT), then stop gracefully."""
+    config = GatewayConfig(upstream, host, port, model_id, timeout_s, shutdown_grace_s)
+    server = GatewayServer(config)
+    await server.start()
+    try:
+        await server.wait()
+    finally:
+        await server.stop()

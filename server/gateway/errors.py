@@ -1,0 +1,119 @@
+"""Errors in OpenAI's JSON shape, and the gRPC status codes of the upstream mapped onto HTTP."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+RETRY_AFTER_S = {429: 1, 503: 2}  # the Retry-After header of a refused request
+_TYPES = {  # OpenAI's error types by HTTP status; the rest are server_error
+    **dict.fromkeys((400, 404, 405, 409, 413, 422), "invalid_request_error"),
+    429: "rate_limit_error",
+    504: "timeout_error",
+}
+_PYDANTIC_CODES = {"extra_forbidden": "unknown_parameter", "missing": "missing_required_parameter"}
+_UNION_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|.*\[.*)$")  # pydantic's union member labels
+# upstream INVALID_ARGUMENT messages start with the field: "sampling.top_p: must be in (0, 1]"
+_FIELD = re.compile(r"^(?:sampling\.)?([a-z_]+):")
+_UPSTREAM_PARAMS = {"prompt_token_ids": "prompt", "input": None}
+
+
+class APIError(Exception):
+    """End the HTTP request with this status and OpenAI error body."""
+
+    def __init__(
+        self, status: int, message: str, *, code: str | None = None, param: str | None = None, type: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.type = type or _TYPES.get(status, "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        retry_after_s = RETRY_AFTER_S.get(self.status)
+        return {} if retry_after_s is None else {"Retry-After": str(retry_after_s)}
+
+    def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers() | dict(headers or {}))
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    """`messages[0].content` from pydantic's location, without its union member labels."""
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif _UNION_TAG.match(part):
+            break
+        else:
+            text += f".{part}" if text else part
+    return text or None
+
+
+def from_validation(error: ValidationError) -> APIError:
+    """422: the first problems, each naming its field; `param` is the first one's."""
+    problems: dict[str | None, str] = {}
+    for e in error.errors(include_url=False):
+        problems.setdefault(_param(e["loc"]), e["msg"])
+    first = error.errors(include_url=False)[0]
+    message = "; ".join(f"{p}: {m}" if p else m for p, m in list(problems.items())[:3])
+    return APIError(422, message, code=_PYDANTIC_CODES.get(first["type"], "invalid_value"), param=_param(first["loc"]))
+
+
+def unsupported(param: str, message: str) -> APIError:
+    return APIError(422, f"{param}: {message}", code="unsupported_value", param=param)
+
+
+def _invalid_argument(details: str) -> APIError:
+    match = _FIELD.match(details)
+    field = match.group(1) if match else None
+    param = _UPSTREAM_PARAMS.get(field, field) if field else None
+    if "exceeds max_model_len" in details:
+        return APIError(400, details, code="context_length_exceeded", param="messages" if param is None else param)
+    if field == "request_id":
+        return APIError(409, details, code="duplicate_request_id", param="X-Request-Id")
+    return APIError(422, details, code="invalid_value", param=param)
+
+
+def from_grpc(error: grpc.aio.AioRpcError | grpc.RpcError) -> APIError:
+    """The HTTP error for a failed upstream call."""
+    code, details = error.code(), error.details() or ""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return _invalid_argument(details)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return APIError(429, f"server busy: {details}", code="rate_limit_exceeded")
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return APIError(503, f"model server unavailable: {details}", code="service_unavailable")
+    if code == grpc.StatusCode.CANCELLED:
+        return APIError(503, f"the model server cancelled the request: {details}", code="service_unavailable")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return APIError(504, f"deadline exceeded: {details}", code="deadline_exceeded")
+    if code == grpc.StatusCode.INTERNAL:
+        return APIError(500, details, code="internal_error")
+    return APIError(502, f"model server error {code.name}: {details}", code="upstream_error")
+
+
+async def handle_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return exc.response()
+
+
+async def handle_http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 / 405 / 413, in the OpenAI shape."""
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+    error = APIError(exc.status_code, str(exc.detail), code=codes.get(exc.status_code), type="invalid_request_error")
+    return error.response(exc.headers)
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> Response:
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error").response()

@@ -1,0 +1,186 @@
+"""The HTTP endpoints: parse and check the body, call the model server, answer in OpenAI's format."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.server.gateway import translate
+from infer.server.gateway.errors import RETRY_AFTER_S, APIError, from_validation
+from infer.server.gateway.metrics import GatewayMetrics
+from infer.server.gateway.render import ChatFormat, Choice, CompletionFormat, Format, Json, Meta
+from infer.server.gateway.schemas import ChatCompletionRequest, CompletionRequest, Sampling
+from infer.server.gateway.streams import (
+    SHUTTING_DOWN,
+    ClientDisconnectedError,
+    EventStreamResponse,
+    collect,
+    sse_events,
+    start,
+    unless_disconnected,
+)
+from infer.server.gateway.upstream import Metadata, Upstream
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 4 * 1024 * 1024  # NOTE: the gRPC server's default message limit; larger would fail there
+REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")  # visible ASCII
+TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context, forwarded as gRPC metadata
+Handler = Callable[[Request, str], Awaitable[Response]]
+M = TypeVar("M", bound=BaseModel)
+
+
+def _request_id(request: Request) -> str:
+    value = request.headers.get("x-request-id")
+    if value is None:
+        return uuid.uuid4().hex
+    if not REQUEST_ID.match(value):
+        raise APIError(422, "X-Request-Id: must be 1 to 128 visible ASCII characters", param="X-Request-Id")
+    return value
+
+
+async def _parse(request: Request, schema: type[M]) -> M:
+    """400 for a body that is not a JSON object, 422 when it does not fit the schema."""
+    if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
+    try:
+        data = json.loads(raw)
+    except ValueError as e:  # also UnicodeDecodeError
+        raise APIError(400, f"invalid JSON body: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the body must be a JSON object", code="invalid_json")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        raise from_validation(e) from None
+
+
+def _metadata(request: Request) -> Metadata:
+    return [(name, request.headers[name]) for name in TRACE_HEADERS if name in request.headers]
+
+
+class Routes:
+    def __init__(self, upstream: Upstream, metrics: GatewayMetrics, model_id: str | None) -> None:
+        self.upstream, self.metrics, self.model_id = upstream, metrics, model_id
+        self.created = int(time.time())
+
+    async def _served_model(self) -> str:
+        return self.model_id or (await self.upstream.model_info()).model_id
+
+    async def _check_model(self, name: str) -> str:
+        served = await self._served_model()
+        if name != served:
+            message = f"model {name!r} not found: this server serves {served!r}"
+            raise APIError(404, message, code="model_not_found", param="model")
+        return served
+
+    async def _with_request_id(self, request: Request, handler: Handler) -> Response:
+        """Run a generate handler; its errors, too, carry the request id header."""
+        request_id = _request_id(request)
+        headers = {"X-Request-Id": request_id}
+        try:
+            response = await handler(request, request_id)
+        except APIError as e:
+            if e.status >= 500:
+                logger.warning("%s %s -> %d: %s", request.method, request.url.path, e.status, e.message)
+            return e.response(headers)
+        except asyncio.CancelledError:
+            # NOTE: the server stops past its grace period (the gRPC calls are cancelled by now): answer, not crash
+            return SHUTTING_DOWN.response(headers)
+        except ClientDisconnectedError:
+            self.metrics.disconnects.inc()
+            return Response(status_code=499, headers=headers)  # nobody reads it; counted as 499 (client closed)
+        response.headers.update(headers)
+        return response
+
+    async def completions(self, request: Request) -> Response:
+        """POST /v1/completions"""
+        return await self._with_request_id(request, self._completions)
+
+    async def _completions(self, request: Request, request_id: str) -> Response:
+        body = await _parse(request, CompletionRequest)
+        model = await self._check_model(body.model)
+        meta = Meta(f"cmpl-{request_id}", model, int(time.time()), body.n, body.include_usage,
+                    has_logprobs=body.logprobs is not None)  # fmt: skip
+        requests = translate.completion_requests(body, request_id)
+        return await self._generate(request, body, requests, CompletionFormat(meta))
+
+    async def chat_completions(self, request: Request) -> Response:
+        """POST /v1/chat/completions"""
+        return await self._with_request_id(request, self._chat_completions)
+
+    async def _chat_completions(self, request: Request, request_id: str) -> Response:
+        body = await _parse(request, ChatCompletionRequest)
+        model = await self._check_model(body.model)
+        max_tokens = body.max_new_tokens
+        if max_tokens is None:
+            max_tokens = await self._room_left(body, _metadata(request))
+        meta = Meta(f"chatcmpl-{request_id}", model, int(time.time()), body.n, body.include_usage, body.logprobs)
+        requests = translate.chat_requests(body, request_id, max_tokens)
+        return await self._generate(request, body, requests, ChatFormat(meta))
+
+    async def _room_left(self, body: ChatCompletionRequest, metadata: Metadata) -> int:
+        """No max_tokens: as many as the context leaves after the rendered messages."""
+        info = await self.upstream.model_info()
+        num_prompt = await self.upstream.num_prompt_tokens(translate.chat_messages(body.messages), metadata)
+        if num_prompt >= info.max_model_len:
+            message = f"the messages take {num_prompt} tokens: no room left in max_model_len ({info.max_model_len})"
+            raise APIError(400, message, code="context_length_exceeded", param="messages")
+        return info.max_model_len - num_prompt
+
+    async def _generate(
+        self, request: Request, body: Sampling, requests: Sequence[pb.GenerateRequest], fmt: Format
+    ) -> Response:
+        metadata, started_s = _metadata(request), time.monotonic()
+        if body.stream:
+            opened = await unless_disconnected(request.receive, start(self.upstream, requests, metadata))
+            self.metrics.ttft.labels(request.url.path).observe(time.monotonic() - started_s)
+            events = sse_events(opened, fmt, lambda choices: self.metrics.record_usage(choices, body.n))
+            return EventStreamResponse(events, {}, on_disconnect=self.metrics.disconnects.inc)
+        choices = await unless_disconnected(request.receive, self._complete(requests, metadata))
+        self.metrics.record_usage(choices, body.n)
+        return JSONResponse(fmt.body(choices))
+
+    async def _complete(self, requests: Sequence[pb.GenerateRequest], metadata: Metadata) -> list[Choice]:
+        return await collect(await start(self.upstream, requests, metadata))
+
+    async def _model_card(self) -> Json:
+        info = await self.upstream.model_info()
+        return {"id": self.model_id or info.model_id, "object": "model", "created": self.created,
+                "owned_by": "infer", "max_model_len": info.max_model_len}  # fmt: skip
+
+    async def models(self, request: Request) -> Response:
+        """GET /v1/models"""
+        return JSONResponse({"object": "list", "data": [await self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        """GET /v1/models/{model}"""
+        card = await self._model_card()
+        if request.path_params["model"] != card["id"]:
+            raise APIError(404, f"model {request.path_params['model']!r} not found", code="model_not_found")
+        return JSONResponse(card)
+
+    async def health(self, request: Request) -> Response:
+        """GET /health: 200 while the model server reports SERVING, else 503."""
+        status = await self.upstream.health()
+        if status == "SERVING":
+            return JSONResponse({"status": "ok", "upstream": status})
+        return JSONResponse(
+            {"status": "unavailable", "upstream": status},
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_S[503])},
+        )

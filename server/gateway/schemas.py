@@ -1,0 +1,153 @@
+"""OpenAI request bodies, strictly validated: unknown fields and wrong types are refused (HTTP 422).
+
+Value ranges of the sampling parameters are the model server's to check (it names the field);
+here: types, the gateway's own limits (`n`), and the OpenAI features this gateway does not have.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, cast
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from infer.server.gateway.errors import unsupported
+
+MAX_CHOICES = 128  # n × prompts of one request: each is one gRPC stream
+MAX_LOGPROBS = 20
+
+Int32 = Annotated[int, Field(ge=-(2**31), lt=2**31)]
+Seed = Annotated[int, Field(ge=0, lt=2**63)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, lt=2**31)]], Field(min_length=1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # accepted; this gateway never pads chunks
+
+
+class ResponseFormat(Strict):
+    type: Literal["text"]  # json_object / json_schema need constrained decoding: not supported
+
+
+class Sampling(Strict):
+    """Fields shared by both endpoints: OpenAI's, then vLLM's extras."""
+
+    model: str
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: Seed | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # accepted and ignored
+    # vLLM-style extras
+    top_k: Int32 | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: Int32 | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[Int32] | None = None
+    skip_special_tokens: bool | None = None
+
+    @model_validator(mode="after")
+    def _check_common(self) -> Sampling:
+        if self.logit_bias:
+            raise unsupported("logit_bias", "not supported (only an empty object)")
+        if self.stream_options is not None and not self.stream:
+            raise unsupported("stream_options", "only allowed when stream is true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    max_tokens: Int32 | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: bool = False
+    best_of: Int32 | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _check_completion(self) -> CompletionRequest:
+        if self.echo:
+            raise unsupported("echo", "not supported")
+        if self.suffix:
+            raise unsupported("suffix", "not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise unsupported("best_of", "only best_of = n is supported")
+        if self.prompt == []:
+            raise unsupported("prompt", "must not be empty")
+        if len(self.prompts) * self.n > MAX_CHOICES:
+            raise unsupported("n", f"prompts × n must be at most {MAX_CHOICES}")
+        return self
+
+    @property
+    def prompts(self) -> list[str] | list[list[int]]:
+        """One entry per prompt: text, or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [cast(list[int], p)]
+        return cast(list[str] | list[list[int]], p)
+
+
+class TextPart(Strict):
+    type: Literal["text"]  # images and audio: not supported
+    text: str
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None  # accepted and ignored (the chat template has no place for it)
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "\n".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Int32 | None = None
+    max_completion_tokens: Int32 | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto"] | None = None
+    parallel_tool_calls: bool | None = None  # accepted; there are no tools
+
+    @model_validator(mode="after")
+    def _check_chat(self) -> ChatCompletionRequest:
+        if self.tools:
+            raise unsupported("tools", "tool calling is not supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise unsupported("top_logprobs", "needs logprobs: true")
+        return self
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """max_completion_tokens, else the deprecated max_tokens; None = up to the context length."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None

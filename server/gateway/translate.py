@@ -1,0 +1,70 @@
+"""OpenAI request bodies -> infer.v1 GenerateRequests: one per choice (prompts × n)."""
+
+from __future__ import annotations
+
+from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.server.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, Sampling
+
+_ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
+_OPTIONAL = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+             "frequency_penalty", "min_tokens", "skip_special_tokens")  # fmt: skip
+
+
+def sampling_params(body: Sampling, max_tokens: int | None, logprobs: int | None) -> pb.SamplingParams:
+    """The shared fields; unset ones stay unset (the server's defaults)."""
+    params = pb.SamplingParams(stop=body.stop_strings, stop_token_ids=body.stop_token_ids or (),
+                               ignore_eos=body.ignore_eos)  # fmt: skip
+    for name in _OPTIONAL:
+        value = getattr(body, name)
+        if value is not None:
+            setattr(params, name, value)
+    if max_tokens is not None:
+        params.max_tokens = max_tokens
+    if logprobs is not None:
+        params.logprobs = logprobs
+    if body.seed is not None:
+        params.seed = body.seed
+    return params
+
+
+def choice_request_id(request_id: str, index: int, num_choices: int) -> str:
+    """The gRPC request id of one choice: the HTTP request id itself when there is one choice."""
+    return request_id if num_choices == 1 else f"{request_id}-{index}"
+
+
+def _requests(inputs: list[pb.GenerateRequest], n: int, request_id: str, seed: int | None) -> list[pb.GenerateRequest]:
+    """Each input n times, in choice order (prompt-major); seeds seed, seed+1, ... so choices differ."""
+    out: list[pb.GenerateRequest] = []
+    num_choices = len(inputs) * n
+    for prompt_index, template in enumerate(inputs):
+        for i in range(n):
+            index = prompt_index * n + i
+            request = pb.GenerateRequest()
+            request.CopyFrom(template)
+            request.request_id = choice_request_id(request_id, index, num_choices)
+            if seed is not None:
+                request.sampling.seed = (seed + index) % 2**63
+            out.append(request)
+    return out
+
+
+def completion_requests(body: CompletionRequest, request_id: str) -> list[pb.GenerateRequest]:
+    sampling = sampling_params(body, body.max_tokens, body.logprobs)
+    inputs = []
+    for prompt in body.prompts:
+        if isinstance(prompt, str):
+            inputs.append(pb.GenerateRequest(prompt=prompt, sampling=sampling))
+        else:
+            inputs.append(pb.GenerateRequest(token_ids=pb.TokenIds(ids=prompt), sampling=sampling))
+    return _requests(inputs, body.n, request_id, body.seed)
+
+
+def chat_messages(messages: list[ChatMessage]) -> pb.ChatMessages:
+    return pb.ChatMessages(messages=[pb.ChatMessage(role=_ROLES.get(m.role, m.role), content=m.text) for m in messages])
+
+
+def chat_requests(body: ChatCompletionRequest, request_id: str, max_tokens: int | None) -> list[pb.GenerateRequest]:
+    """`max_tokens`: the request's, or what the context leaves (the caller works that out)."""
+    sampling = sampling_params(body, max_tokens, body.num_logprobs)
+    request = pb.GenerateRequest(messages=chat_messages(body.messages), sampling=sampling)
+    return _requests([request], body.n, request_id, body.seed)

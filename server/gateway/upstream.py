@@ -1,0 +1,77 @@
+"""The gateway's gRPC client of the model server: one channel, opened on first use in the serving loop."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.server.gateway.errors import from_grpc
+
+SERVICE_NAME = "infer.v1.InferenceService"
+UNARY_TIMEOUT_S = 10.0
+Metadata = Sequence[tuple[str, str]]
+GenerateCall = Any  # grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]; grpc ships no stubs
+
+
+class Upstream:
+    def __init__(self, address: str, timeout_s: float | None = None) -> None:
+        self.address, self.timeout_s = address, timeout_s
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.InferenceServiceStub | None = None
+        self._health: health_pb2_grpc.HealthStub | None = None
+        self._model_info: pb.GetModelInfoResponse | None = None
+
+    def _inference(self) -> pb_grpc.InferenceServiceStub:
+        # NOTE: lazily: a grpc.aio channel belongs to the event loop it is created in
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self.address)
+            self._stub = pb_grpc.InferenceServiceStub(self._channel)  # type: ignore[no-untyped-call]
+            self._health = health_pb2_grpc.HealthStub(self._channel)
+        return self._stub
+
+    def _unary_timeout_s(self) -> float:
+        return UNARY_TIMEOUT_S if self.timeout_s is None else min(self.timeout_s, UNARY_TIMEOUT_S)
+
+    async def model_info(self) -> pb.GetModelInfoResponse:
+        """The served model; asked once, then remembered."""
+        if self._model_info is None:
+            try:
+                info = await self._inference().GetModelInfo(pb.GetModelInfoRequest(), timeout=self._unary_timeout_s())
+            except grpc.aio.AioRpcError as e:
+                raise from_grpc(e) from None
+            self._model_info = info
+        return self._model_info
+
+    async def num_prompt_tokens(self, messages: pb.ChatMessages, metadata: Metadata = ()) -> int:
+        """Tokens of the chat messages once rendered with the model's chat template."""
+        request = pb.TokenizeRequest(messages=messages)
+        try:
+            response = await self._inference().Tokenize(request, timeout=self._unary_timeout_s(), metadata=metadata)
+        except grpc.aio.AioRpcError as e:
+            raise from_grpc(e) from None
+        return len(response.token_ids)
+
+    def generate(self, request: pb.GenerateRequest, metadata: Metadata = ()) -> GenerateCall:
+        """Start a Generate stream; its errors surface while reading it."""
+        return self._inference().Generate(request, timeout=self.timeout_s, metadata=metadata)
+
+    async def health(self) -> str:
+        """The server's grpc.health.v1 status for the inference service (SERVING, NOT_SERVING, ...)."""
+        self._inference()
+        assert self._health is not None
+        request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+        try:
+            response = await self._health.Check(request, timeout=self._unary_timeout_s())
+        except grpc.aio.AioRpcError as e:
+            return f"UNREACHABLE ({e.code().name})"
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = self._stub = self._health = None
