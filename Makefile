@@ -7,7 +7,8 @@ DEV_STAMP := $(VENV)/.installed-dev
 PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := engine kernels server clients
 
-.PHONY: setup setup-dev test test-fast test-slow lint typecheck proto clean bench-offline
+# `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
+.PHONY: serve setup setup-dev test test-fast test-slow lint typecheck proto clean bench-offline
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,9 @@ $(DEV_STAMP): $(STAMP) pyproject.toml
 	touch $@
 
 setup: $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/infer serve
 
 setup-dev: $(DEV_STAMP)
 

@@ -108,9 +108,11 @@ def _visible(
 def _gather_context(
     cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     block_tables: torch.Tensor,  # [batch, num_blocks_used]
+    out: torch.Tensor | None = None,  # [batch * num_blocks_used, block_size, kv_heads, head_dim] workspace
 ) -> torch.Tensor:  # [batch, num_kv_heads, num_blocks_used * block_size, head_dim]
     batch, num_blocks_used = block_tables.shape
-    ctx = cache[block_tables.long()]  # [batch, blocks, block_size, kv_heads, head_dim]
+    # NOTE: index_select into a reused workspace: a fresh buffer per layer costs more in page faults than the copy
+    ctx = torch.index_select(cache, 0, block_tables.reshape(-1), out=out)
     return ctx.view(batch, num_blocks_used * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
 
 
@@ -123,6 +125,7 @@ class _DecodeGroup:
     q_pos: torch.Tensor  # [n, 1, 1, 1] position of each query
     k_pos: torch.Tensor  # [1, 1, 1, num_blocks_used * block_size]
     masks: dict[int | None, torch.Tensor]  # per sliding window: [n, 1, 1, kv_len], memoised
+    workspace: list[torch.Tensor]  # gathered K and V, reused by every layer of the step
 
 
 def _group_by_length(seqs: list[int], lens: tuple[int, ...], max_waste: float = 1.25) -> list[list[int]]:
@@ -154,6 +157,7 @@ def _decode_groups(meta: AttentionMetadata, block_size: int) -> list[_DecodeGrou
                 q_pos=torch.tensor([meta.context_lens[i] - 1 for i in seqs], device=device).view(-1, 1, 1, 1),
                 k_pos=torch.arange(num_blocks_used * block_size, device=device).view(1, 1, 1, -1),
                 masks={},
+                workspace=[],
             )
         )
     return groups
@@ -166,7 +170,11 @@ def _decode(
     group: _DecodeGroup,
     spec: AttentionSpec,
 ) -> torch.Tensor:  # [n, num_heads, head_dim]
-    k, v = _gather_context(k_cache, group.tables), _gather_context(v_cache, group.tables)
+    if not group.workspace:
+        shape = (group.tables.numel(), *k_cache.shape[1:])
+        group.workspace.extend(torch.empty(shape, dtype=k_cache.dtype, device=k_cache.device) for _ in range(2))
+    k = _gather_context(k_cache, group.tables, group.workspace[0])
+    v = _gather_context(v_cache, group.tables, group.workspace[1])
     mask = group.masks.get(spec.sliding_window)
     if mask is None:
         mask = group.masks[spec.sliding_window] = _visible(group.q_pos, group.k_pos, spec.sliding_window)

@@ -17,6 +17,7 @@ from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.engine.async_engine import AsyncEngine
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.stats import EngineStats
+from infer.server.gateway.app import GatewayConfig, GatewayServer, local_upstream
 from infer.server.lifecycle import Lifecycle
 from infer.server.servicer import InferenceServicer
 from infer.server.settings import ServerConfig
@@ -122,16 +123,33 @@ async def serve(config: ServerConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    gateway = await _start_gateway(config, server.port)
     load = asyncio.create_task(server.load())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({load, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if load.done() and load.exception() is not None:
         logger.error("model failed to load: %s", load.exception())
         stopping.cancel()
-        await server.stop(grace_s=0)
+        await asyncio.gather(server.stop(grace_s=0), *([gateway.stop()] if gateway else []))
         return 1
     await stopping
     load.cancel()  # a signal during loading: stop without serving
     logger.info("signal received: draining (grace %.1f s)", config.shutdown_grace_s)
-    await server.stop()
+    await asyncio.gather(server.stop(), *([gateway.stop()] if gateway else []))
     return 0
+
+
+async def _start_gateway(config: ServerConfig, grpc_port: int) -> GatewayServer | None:
+    """The OpenAI gateway in the same process and loop: a gRPC client of this server."""
+    if config.http_port is None:
+        return None
+    gateway = GatewayServer(
+        GatewayConfig(
+            upstream=local_upstream(config.host, grpc_port),
+            host=config.host,
+            http_port=config.http_port,
+            shutdown_grace_s=config.shutdown_grace_s,
+        )
+    )
+    await gateway.start()
+    return gateway

@@ -51,7 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _add_serve_parser(sub: argparse._SubParsersAction, with_settings: bool) -> None:  # type: ignore[type-arg]
     serve = sub.add_parser(
         "serve",
-        help="serve the model over gRPC (health, reflection, Prometheus metrics)",
+        help="serve the model over gRPC and the OpenAI-compatible HTTP API (health, reflection, metrics)",
         description="Every setting is also read from its INFER_* environment variable; a flag wins.",
     )
     if with_settings:  # NOTE: the settings import torch (engine defaults); other commands stay fast without it
@@ -63,6 +63,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction, with_settings: bool) -> N
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     from infer.clients.cli import add_client_parser
+    from infer.server.gateway.cli import add_gateway_parser
 
     parser = argparse.ArgumentParser(prog="infer", description="LLM inference: generate, serve, call.")
     parser.add_argument(
@@ -81,6 +82,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
     _add_serve_parser(sub, with_settings=argv is None or "serve" in argv)
     add_client_parser(sub)
+    add_gateway_parser(sub)
     return parser
 
 
@@ -91,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:  # a bad INFER_* value
         print(f"error: {e}", file=sys.stderr)
         return 2
-    level = args.log_level or ("INFO" if args.command == "serve" else "WARNING")
+    level = args.log_level or ("INFO" if args.command in ("serve", "gateway") else "WARNING")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args))

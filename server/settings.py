@@ -25,6 +25,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     grpc_port: int = 50051  # 0 = any free port
     metrics_port: int | None = 9464  # None = no metrics endpoint; 0 = any free port
+    http_port: int | None = 8000  # the OpenAI gateway; None = gRPC only; 0 = any free port
     shutdown_grace_s: float = 30.0  # SIGTERM: how long in-flight streams may take to finish
     traces: str = "none"  # span exporter: none, console or otlp
     warmup: bool = True  # one tiny request before reporting SERVING
@@ -32,6 +33,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         check("grpc_port", 0 <= self.grpc_port < 65536, "must be in [0, 65535]")
         check("metrics_port", self.metrics_port is None or 0 <= self.metrics_port < 65536, "must be in [0, 65535]")
+        check("http_port", self.http_port is None or 0 <= self.http_port < 65536, "must be in [0, 65535]")
         check("shutdown_grace_s", self.shutdown_grace_s >= 0, "must be >= 0")
         check("traces", self.traces in TRACE_EXPORTERS, f"must be one of {', '.join(TRACE_EXPORTERS)}")
 
@@ -87,6 +89,7 @@ def _server(name: str, parse: Callable[[str], Any], help: str, choices: tuple[st
 SETTINGS: tuple[Setting, ...] = (
     _server("host", str, "address to listen on (0.0.0.0 for all interfaces)"),
     _server("grpc_port", int, "gRPC port (0 = any free port)"),
+    _server("http_port", _port_or_off, "OpenAI-compatible HTTP gateway port (0 = any free port, off = gRPC only)"),
     _server("metrics_port", _port_or_off, "Prometheus /metrics port (0 = any free port, off = none)"),
     _server("shutdown_grace_s", float, "on SIGTERM, how long in-flight streams may take to finish"),
     _server(

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 
 from infer.clients import Chunk, InferClient, InferError, Sampling
@@ -22,13 +23,13 @@ STREAM = Sampling(max_tokens=64, temperature=0.0, ignore_eos=True)
 
 class ServeProcess:
     def __init__(self, model_dir: Path, *flags: str) -> None:
-        cmd = [sys.executable, "-m", "infer", "serve", "--grpc-port", "0", "--metrics-port", "off"]
+        cmd = [sys.executable, "-m", "infer", "serve", "--grpc-port", "0", "--http-port", "0", "--metrics-port", "off"]
         cmd += ["--model", str(model_dir), "--max-model-len", "256", "--num-blocks", "64", *flags]
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
         self.log: list[str] = []
         self._port = threading.Event()
-        self.port = 0
+        self.port = self.http_port = 0
         threading.Thread(target=self._read_log, daemon=True).start()
         if not self._port.wait(120):
             self.proc.kill()
@@ -40,6 +41,9 @@ class ServeProcess:
             self.log.append(line)
             if m := re.search(r"gRPC listening on [\d.]+:(\d+)", line):
                 self.port = int(m.group(1))
+            if m := re.search(r"OpenAI gateway on http://[\d.]+:(\d+)", line):
+                self.http_port = int(m.group(1))
+            if self.port and self.http_port:
                 self._port.set()
 
     @property
@@ -89,3 +93,14 @@ def test_sigterm_drains_then_exits_0(serve: ServeProcess) -> None:
     assert sum(len(c.token_ids) for c in chunks) == STREAM.max_tokens
     assert serve.proc.wait(60) == 0
     assert "draining" in "".join(serve.log)
+
+
+def test_one_command_serves_grpc_and_the_openai_gateway(serve: ServeProcess) -> None:
+    InferClient(serve.address, timeout_s=120).wait_until_serving(timeout_s=120)
+    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 12, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]}  # fmt: skip
+    reply = httpx.post(f"http://127.0.0.1:{serve.http_port}/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert "Paris" in reply.json()["choices"][0]["message"]["content"]
+    serve.proc.send_signal(signal.SIGINT)  # one Ctrl-C stops both
+    assert serve.proc.wait(60) == 0
