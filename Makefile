@@ -43,7 +43,7 @@ typecheck: $(DEV_STAMP)
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml -p infer
 
 test: lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 test-fast: $(DEV_STAMP)
 	$(BIN)/pytest -q -x

@@ -107,6 +107,10 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
         except asyncio.CancelledError:
             self.cancelled.add(request.request_id)
             raise
+        finally:
+            # NOTE: a cancel that lands during a send surfaces as a failed write (the generator is closed)
+            if context.cancelled():
+                self.cancelled.add(request.request_id)
         if prompt == "fail-midway":
             await context.abort(grpc.StatusCode.INTERNAL, "fake engine failure")
 
