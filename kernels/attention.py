@@ -56,13 +56,14 @@ def write_kv_ref(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64; a negative slot skips the token
+    skip_check: bool = False,  # the caller knows every slot is >= 0
 ) -> None:
     """Store each token's key and value at its physical slot (block * block_size + offset)."""
     num_blocks, block_size = k_cache.shape[:2]
     flat_k = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
     flat_v = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
     slots = slot_mapping.long()
-    if bool((slots < 0).any()):
+    if not skip_check and bool((slots < 0).any()):
         keep = slots >= 0
         key, value, slots = key[keep], value[keep], slots[keep]
     flat_k.index_copy_(0, slots, key.to(k_cache.dtype))
@@ -225,11 +226,12 @@ def paged_attention_ref(
     is one call (a loop over sequences, never over tokens).
     """
     assert query.dim() == 3 and key.shape == value.shape and query.shape[0] == meta.num_tokens
-    write_kv_ref(key, value, k_cache, v_cache, meta.slot_mapping)
     plan = meta.ref_plan_cache
     if "decode_groups" not in plan:
         plan["decode_groups"] = _decode_groups(meta, k_cache.shape[1])
         plan["starts"] = meta.query_start_loc.tolist()
+        plan["all_slots_valid"] = bool((meta.slot_mapping >= 0).all())
+    write_kv_ref(key, value, k_cache, v_cache, meta.slot_mapping, skip_check=plan["all_slots_valid"])
     out = torch.empty_like(query)
     for group in plan["decode_groups"]:
         out[group.rows] = _decode(query, k_cache, v_cache, group, spec)

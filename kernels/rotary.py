@@ -65,12 +65,25 @@ def apply_rotary_ref(
     return rotated if out is None else out.copy_(rotated)
 
 
+# NOTE: every layer of a step rotates at the same positions: remember the last lookup per table
+_last_angles: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _angles(positions: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    hit = _last_angles.get(id(cache))
+    if hit is not None and hit[0] is positions and hit[1] is cache:
+        return hit[2], hit[3]
+    cos, sin = cache[positions].unsqueeze(1).chunk(2, dim=-1)
+    _last_angles[id(cache)] = (positions, cache, cos, sin)
+    return cos, sin
+
+
 def _rotate(
     x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     positions: torch.Tensor,  # [num_tokens] int64
     cache: torch.Tensor,  # [max_positions, rotary_dim]
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    cos, sin = cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [num_tokens, 1, rotary_dim // 2]
+    cos, sin = _angles(positions, cache)  # [num_tokens, 1, rotary_dim // 2] each
     rotary_dim = cache.shape[-1]
     rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
     x1, x2 = rot.float().chunk(2, dim=-1)
