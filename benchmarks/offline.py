@@ -152,7 +152,7 @@ def write_report(results: dict[str, Any]) -> None:
         "",
         "| batch-1 decode | tok/s |",
         "|---|---:|",
-        f"| infer, 1 request (128 prompt + 128 new) | {r['batch1_decode_tok_s']:.1f} |",
+        f"| infer, 1 request (128 prompt + 128 new, best of 3) | {r['batch1_decode_tok_s']:.1f} |",
         f"| memory-bandwidth ceiling ({r['bandwidth_gib_s']:.1f} GiB/s ÷ {r['weight_bytes'] / 1e6:.0f} MB of weights) "
         f"| {r['bandwidth_ceiling_tok_s']:.1f} |",
         f"| infer as a share of the ceiling | {100 * r['batch1_decode_tok_s'] / r['bandwidth_ceiling_tok_s']:.0f}% |",
@@ -184,7 +184,8 @@ def main() -> None:
     }
     bench_ours(llm, work.head(4))  # warm-up
     results["ours_tok_s"] = bench_ours(llm, work)
-    results["batch1_decode_tok_s"] = bench_batch1_decode(llm, work.prompts[0][:128] * 1, 128)
+    # best of 3: one 128-token run is short enough for other work on the machine to skew it
+    results["batch1_decode_tok_s"] = max(bench_batch1_decode(llm, work.prompts[0][:128], 128) for _ in range(3))
     bandwidth = measure_bandwidth_bytes_s()
     results["bandwidth_gib_s"] = bandwidth / 2**30
     results["bandwidth_ceiling_tok_s"] = bandwidth / weight_bytes
