@@ -62,3 +62,5 @@ def test_an_invalid_setting_names_the_field() -> None:
 
 def test_docs_table_is_current() -> None:
     assert settings_markdown() in DOCS.read_text(), "docs/configuration.md: paste settings_markdown()"
+    readme = DOCS.parents[1] / "README.md"
+    assert settings_markdown() in readme.read_text(), "README.md: paste settings_markdown()"
