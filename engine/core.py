@@ -207,7 +207,7 @@ class EngineCore:
             r = self.scheduler.requests[rid]
             start = r.num_computed_tokens
             needs_logits = start + n == r.num_tokens
-            tokens = r.all_token_ids[start : start + n]
+            tokens = r.token_slice(start, start + n)
             work.append((rid, SeqWork(tokens, start, self.block_manager.block_table(rid), needs_logits)))
             if needs_logits:
                 sampling.append(rid)

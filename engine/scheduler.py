@@ -89,8 +89,11 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
+            before = request.num_computed_tokens
             request.num_computed_tokens += num_tokens
-            self.blocks.cache_blocks(request_id, request.all_token_ids, request.num_computed_tokens)
+            bs = self.blocks.block_size
+            if request.num_computed_tokens // bs > before // bs:  # a block became full
+                self.blocks.cache_blocks(request_id, request.all_token_ids, request.num_computed_tokens)
         for request_id, token_id in sampled.items():
             if request_id in self.requests:
                 self.requests[request_id].output_token_ids.append(token_id)
