@@ -20,7 +20,7 @@ from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.loader import load_model, load_model_config
-from infer.engine.request import FinishReason, Request, RequestOutput, Timings, Usage
+from infer.engine.request import FinishReason, Request, RequestOutput, Timings, TokenLogprob, Usage
 from infer.engine.runner import ModelRunner, SeqWork, kv_cache_bytes_per_block
 from infer.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from infer.engine.sampling_params import SamplingParams
@@ -157,22 +157,11 @@ class EngineCore:
         sampled = self._sample(logits[: len(sampling)] if logits is not None else None, sampling)
         self.scheduler.update(out, {rid: t for rid, (t, _) in sampled.items()})
         self.throughput.record(out.total_tokens, time.monotonic() - started_s)
-        self._count_tokens(out, len(sampled))
+        self.num_preemptions_total += len(out.preempted)
+        self.num_generation_tokens_total += len(sampled)
         for rid, (token_id, logprob) in sampled.items():
             self._postprocess(self.live[rid], token_id, logprob)
         return True
-
-    def _count_tokens(self, out: SchedulerOutput, num_sampled: int) -> None:
-        self.num_preemptions_total += len(out.preempted)
-        self.num_generation_tokens_total += num_sampled
-        # decodes compute one generated token each; the rest are prompt (or recomputed) tokens
-        self.num_prompt_tokens_total += out.total_tokens - sum(
-            1 for rid, n in out.num_scheduled_tokens.items() if n == 1 and self._is_decoding(rid)
-        )
-
-    def _is_decoding(self, request_id: str) -> bool:
-        request = self.scheduler.requests.get(request_id)
-        return request is not None and request.num_output_tokens > 1
 
     def stats(self) -> EngineStats:
         """A snapshot for metrics; safe to read from another thread (values may be one step old)."""
@@ -208,6 +197,7 @@ class EngineCore:
             start = r.num_computed_tokens
             needs_logits = start + n == r.num_tokens
             tokens = r.token_slice(start, start + n)
+            self.num_prompt_tokens_total += max(0, min(start + n, r.num_prompt_tokens) - start)
             work.append((rid, SeqWork(tokens, start, self.block_manager.block_table(rid), needs_logits)))
             if needs_logits:
                 sampling.append(rid)
@@ -230,7 +220,7 @@ class EngineCore:
                 rows.append(logits)
         return torch.cat(rows) if rows else None
 
-    def _sample(self, logits: torch.Tensor | None, rids: list[str]) -> dict[str, tuple[int, object]]:
+    def _sample(self, logits: torch.Tensor | None, rids: list[str]) -> dict[str, tuple[int, TokenLogprob | None]]:
         if logits is None or not rids:
             return {}
         rows = [self._sampling_row(self.live[rid]) for rid in rids]
@@ -239,7 +229,7 @@ class EngineCore:
             return {rid: (out.token_ids[i], out.logprobs[i]) for i, rid in enumerate(rids)}
         except Exception:
             logger.exception("sampling failed; retrying its requests one by one")
-        result: dict[str, tuple[int, object]] = {}
+        result: dict[str, tuple[int, TokenLogprob | None]] = {}
         for i, rid in enumerate(rids):
             try:
                 one = self.sampler(logits[i : i + 1], rows[i : i + 1])
@@ -255,17 +245,17 @@ class EngineCore:
             banned = tuple(self.eos_token_ids | set(p.stop_token_ids))
         return SamplingRow(p, r.prompt_token_ids, r.output_token_ids, live.generator, banned)
 
-    def _postprocess(self, live: _Live, token_id: int, logprob: object) -> None:
+    def _postprocess(self, live: _Live, token_id: int, logprob: TokenLogprob | None) -> None:
         try:
             self._emit_token(live, token_id, logprob)
         except Exception as e:
             self._fail(live.request.request_id, e)
 
-    def _emit_token(self, live: _Live, token_id: int, logprob: object) -> None:
+    def _emit_token(self, live: _Live, token_id: int, logprob: TokenLogprob | None) -> None:
         r, p = live.request, live.request.params
         if r.first_token_s is None:
             r.first_token_s = time.monotonic()
-        logprobs = [logprob] if p.logprobs is not None else None
+        logprobs = [logprob] if logprob is not None else None
         reason: FinishReason | None = None
         text = ""
         if token_id in p.stop_token_ids or (token_id in self.eos_token_ids and not p.ignore_eos):
@@ -277,7 +267,7 @@ class EngineCore:
         if reason is None and (r.num_output_tokens >= p.max_tokens or r.num_tokens >= self.config.max_model_len):
             reason = FinishReason.LENGTH
         if reason is None:
-            live.sink(RequestOutput(r.request_id, [token_id], text, logprobs))  # type: ignore[arg-type]
+            live.sink(RequestOutput(r.request_id, [token_id], text, logprobs))
             return
         self._finish(live, reason, [token_id], text, logprobs)
 
@@ -287,7 +277,7 @@ class EngineCore:
         reason: FinishReason,
         token_ids: Sequence[int] = (),
         text: str = "",
-        logprobs: object = None,
+        logprobs: list[TokenLogprob] | None = None,
         error: str | None = None,
     ) -> None:
         r = live.request
@@ -306,7 +296,7 @@ class EngineCore:
             total_s=now - r.arrival_time_s,
             num_preemptions=r.num_preemptions,
         )
-        out = RequestOutput(r.request_id, list(token_ids), text, logprobs, reason, usage, timings, error)  # type: ignore[arg-type]
+        out = RequestOutput(r.request_id, list(token_ids), text, logprobs, reason, usage, timings, error)
         live.sink(out)
 
     def _fail(self, request_id: str, error: BaseException) -> None:

@@ -198,3 +198,13 @@ def test_full_queue_is_refused_at_once(engine: LLM) -> None:
     while engine.core.has_work:
         engine.core.step()
     assert sum(o.finished for o in outputs) == 2
+
+
+@pytest.mark.parametrize("engine", [{"enable_prefix_caching": False, "max_num_batched_tokens": 16}], indirect=True)
+def test_stats_count_prompt_and_generated_tokens(engine: LLM) -> None:
+    prompts = _prompts()[:4]
+    outputs = engine.generate(prompts, GREEDY)
+    stats = engine.core.stats()
+    assert stats.num_prompt_tokens_total == sum(len(p) for p in prompts)
+    assert stats.num_generation_tokens_total == sum(len(o.token_ids) for o in outputs)
+    assert stats.num_running == stats.num_waiting == stats.num_blocks_used == 0
