@@ -2,7 +2,8 @@
 
 `INFER_KERNELS` picks one for the whole process (read at the first kernel call):
 
-- unset or `auto`: Triton for CUDA tensors, the references for everything else;
+- unset or `auto`: Triton for CUDA tensors when `triton` is installed, the references
+  for everything else;
 - `torch`: always the references;
 - `triton`: always Triton. On a machine without CUDA this only works under
   Triton's interpreter (`TRITON_INTERPRET=1`, set before the kernels are
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -30,13 +32,17 @@ def is_interpreted() -> bool:
 def _check(name: str) -> str:
     if name not in BACKENDS:
         raise ValueError(f"INFER_KERNELS={name!r}: expected one of {', '.join(BACKENDS)}")
-    if name == "triton" and importlib.util.find_spec("triton") is None:
+    if name == "triton" and not triton_installed():
         raise RuntimeError("INFER_KERNELS=triton but the `triton` package is not installed")
     if name == "triton" and not torch.cuda.is_available() and not is_interpreted():
         raise RuntimeError("INFER_KERNELS=triton needs CUDA, or TRITON_INTERPRET=1 to run kernels on the CPU")
-    if name == "auto" and importlib.util.find_spec("triton") is None:
-        return "torch"
     return name
+
+
+@functools.cache
+def triton_installed() -> bool:
+    """Whether the `triton` package can be imported (looked up without importing it)."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def kernel_backend() -> str:
@@ -56,4 +62,4 @@ def set_kernel_backend(name: str | None) -> None:
 def use_triton(x: torch.Tensor) -> bool:
     """Whether a kernel called on `x` runs in Triton."""
     backend = kernel_backend()
-    return backend == "triton" or (backend == "auto" and x.is_cuda)
+    return backend == "triton" or (backend == "auto" and x.is_cuda and triton_installed())

@@ -21,6 +21,28 @@ def test_default_runs_cpu_tensors_on_the_references(monkeypatch: pytest.MonkeyPa
     assert not use_triton(torch.zeros(1))
 
 
+class _CudaLike:
+    is_cuda = True
+
+
+def test_auto_without_triton_runs_cuda_tensors_on_the_references(
+    monkeypatch: pytest.MonkeyPatch, backend: None
+) -> None:
+    monkeypatch.delenv("INFER_KERNELS", raising=False)
+    set_kernel_backend(None)
+    monkeypatch.setattr(kernels.backend, "triton_installed", lambda: False)
+    assert kernel_backend() == "auto"
+    assert not use_triton(_CudaLike())  # type: ignore[arg-type]
+    monkeypatch.setattr(kernels.backend, "triton_installed", lambda: True)
+    assert use_triton(_CudaLike())  # type: ignore[arg-type]
+
+
+def test_forcing_triton_without_the_package_says_so(monkeypatch: pytest.MonkeyPatch, backend: None) -> None:
+    monkeypatch.setattr(kernels.backend, "triton_installed", lambda: False)
+    with pytest.raises(RuntimeError, match="`triton` package is not installed"):
+        set_kernel_backend("triton")
+
+
 @pytest.mark.parametrize("name", ["torch", "triton"])
 def test_env_var_forces_a_backend(name: str, monkeypatch: pytest.MonkeyPatch, backend: None) -> None:
     pytest.importorskip("triton")
