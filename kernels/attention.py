@@ -122,6 +122,7 @@ class _DecodeGroup:
     """Decode tokens of sequences with similar context lengths, gathered together."""
 
     rows: torch.Tensor  # [n] rows of the flat batch
+    span: slice | None  # the same rows as a slice when they are consecutive (no gather, no scatter)
     tables: torch.Tensor  # [n, num_blocks_used]
     q_pos: torch.Tensor  # [n, 1, 1, 1] position of each query
     k_pos: torch.Tensor  # [1, 1, 1, num_blocks_used * block_size]
@@ -148,12 +149,16 @@ def _decode_groups(meta: AttentionMetadata, block_size: int) -> list[_DecodeGrou
     decodes = [i for i, n in enumerate(meta.query_lens) if n == 1]
     device = meta.block_tables.device
     groups = []
-    for seqs in _group_by_length(decodes, meta.context_lens):
-        num_blocks_used = -(-meta.context_lens[seqs[0]] // block_size)
+    for group in _group_by_length(decodes, meta.context_lens):
+        num_blocks_used = -(-meta.context_lens[group[0]] // block_size)
+        seqs = sorted(group)  # batch order inside a group: often a plain slice of the batch
+        rows = [starts[i] for i in seqs]
+        consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
         index = torch.tensor(seqs, device=device)
         groups.append(
             _DecodeGroup(
-                rows=torch.tensor([starts[i] for i in seqs], device=device),
+                rows=torch.tensor(rows, device=device),
+                span=slice(rows[0], rows[0] + len(rows)) if consecutive else None,
                 tables=meta.block_tables[index, :num_blocks_used].long(),
                 q_pos=torch.tensor([meta.context_lens[i] - 1 for i in seqs], device=device).view(-1, 1, 1, 1),
                 k_pos=torch.arange(num_blocks_used * block_size, device=device).view(1, 1, 1, -1),
@@ -179,7 +184,13 @@ def _decode(
     mask = group.masks.get(spec.sliding_window)
     if mask is None:
         mask = group.masks[spec.sliding_window] = _visible(group.q_pos, group.k_pos, spec.sliding_window)
-    return _attend(query[group.rows].unsqueeze(2), k, v, mask, spec).squeeze(2)
+    q = query[group.span] if group.span is not None else query[group.rows]  # [n, num_heads, head_dim]
+    n, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    # A decode query is one position, so the query heads sharing a KV head become that head's query
+    # rows: each K/V head is read once, not once per query head as GQA broadcasting does.
+    rows = q.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    return _attend(rows, k, v, mask, spec).view(n, num_heads, head_dim)
 
 
 def _prefill(
@@ -232,9 +243,12 @@ def paged_attention_ref(
         plan["starts"] = meta.query_start_loc.tolist()
         plan["all_slots_valid"] = bool((meta.slot_mapping >= 0).all())
     write_kv_ref(key, value, k_cache, v_cache, meta.slot_mapping, skip_check=plan["all_slots_valid"])
+    groups: list[_DecodeGroup] = plan["decode_groups"]
+    if len(groups) == 1 and groups[0].span == slice(0, query.shape[0]):
+        return _decode(query, k_cache, v_cache, groups[0], spec)  # a decode-only batch in one group
     out = torch.empty_like(query)
-    for group in plan["decode_groups"]:
-        out[group.rows] = _decode(query, k_cache, v_cache, group, spec)
+    for group in groups:
+        out[group.span if group.span is not None else group.rows] = _decode(query, k_cache, v_cache, group, spec)
     starts = plan["starts"]
     for i, n in enumerate(meta.query_lens):
         if n > 1:

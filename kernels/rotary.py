@@ -70,12 +70,14 @@ _last_angles: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Te
 
 
 def _angles(positions: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[num_tokens, 1, rotary_dim] each: (cos, cos) and (-sin, sin), to rotate with one multiply-add."""
     hit = _last_angles.get(id(cache))
     if hit is not None and hit[0] is positions and hit[1] is cache:
         return hit[2], hit[3]
     cos, sin = cache[positions].unsqueeze(1).chunk(2, dim=-1)
-    _last_angles[id(cache)] = (positions, cache, cos, sin)
-    return cos, sin
+    cos2, sin2 = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+    _last_angles[id(cache)] = (positions, cache, cos2, sin2)
+    return cos2, sin2
 
 
 def _rotate(
@@ -83,9 +85,10 @@ def _rotate(
     positions: torch.Tensor,  # [num_tokens] int64
     cache: torch.Tensor,  # [max_positions, rotary_dim]
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    cos, sin = _angles(positions, cache)  # [num_tokens, 1, rotary_dim // 2] each
+    cos, sin = _angles(positions, cache)  # [num_tokens, 1, rotary_dim] each
     rotary_dim = cache.shape[-1]
-    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-    x1, x2 = rot.float().chunk(2, dim=-1)
-    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
+    x1, x2 = rot.chunk(2, dim=-1)
+    # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), as x * (cos, cos) + (x2, x1) * (-sin, sin)
+    rotated = (rot * cos + torch.cat([x2, x1], dim=-1) * sin).to(x.dtype)
     return rotated if rest.shape[-1] == 0 else torch.cat([rotated, rest], dim=-1)
