@@ -1,0 +1,23 @@
+"""`make bench-offline` is not a test, but its script must keep running: a short run of it, infer's side only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "offline.py"
+
+
+def test_a_short_run_writes_both_reports(default_model_dir: Path, tmp_path: Path) -> None:
+    args = ["--num-requests", "3", "--max-new-tokens", "4", "--batch1-tokens", "4", "--batch1-rounds", "1"]
+    subprocess.run([sys.executable, str(SCRIPT), *args, "--skip-hf", "--out-dir", str(tmp_path)], check=True)
+    results = json.loads((tmp_path / "offline.json").read_text())
+    for key in ("ours_tok_s", "batch1_decode_tok_s", "bandwidth_ceiling_tok_s"):
+        assert results[key] > 0, key
+    assert results["num_requests"] == 3 and results["new_tokens"] == "64–256 capped at 4"
+    report = (tmp_path / "offline.md").read_text()
+    assert "| infer `LLM.generate` (continuous batching) |" in report
+    assert not any(line.startswith("| transformers") for line in report.splitlines())  # --skip-hf
+    assert "128 prompt + 4 new, the best of 1 rounds" in report
