@@ -85,6 +85,7 @@ class EngineCore:
         self._inbox: queue.SimpleQueue[tuple[Request, Sink] | str] = queue.SimpleQueue()  # adds and aborts
         self._lock = threading.Lock()
         self._num_queued = 0  # accepted but not yet scheduled: bounded by max_waiting_requests
+        self._inbox_tokens = 0  # prompt tokens of requests still in the inbox (not yet seen by the scheduler)
         self._ids_in_flight: set[str] = set()
         self.wakeup = threading.Event()
 
@@ -106,6 +107,7 @@ class EngineCore:
             if self._num_queued >= self.config.max_waiting_requests:
                 raise QueueFullError(f"{self._num_queued} requests are waiting (max_waiting_requests)")
             self._num_queued += 1
+            self._inbox_tokens += len(prompt_token_ids)
             self._ids_in_flight.add(request_id)
         request = Request(request_id, list(prompt_token_ids), params, time.monotonic())
         self._inbox.put((request, sink))
@@ -128,6 +130,8 @@ class EngineCore:
             item = self._inbox.get_nowait()
             if isinstance(item, tuple):
                 self._admit(*item)
+                with self._lock:  # after the scheduler has it: the queued work is never missed
+                    self._inbox_tokens -= item[0].num_prompt_tokens
             elif item in self.live:
                 self._finish(self.live[item], FinishReason.ABORT)
 
@@ -167,6 +171,7 @@ class EngineCore:
         """A snapshot for metrics; safe to read from another thread (values may be one step old)."""
         sched = self.scheduler
         queued = sum(r.num_tokens - r.num_computed_tokens for r in (*sched.waiting, *sched.running))
+        queued += self._inbox_tokens
         return EngineStats(
             num_waiting=len(sched.waiting) + self._inbox.qsize(),
             num_running=len(sched.running),

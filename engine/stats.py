@@ -16,7 +16,7 @@ class EngineStats:
     num_generation_tokens_total: int
     num_cached_tokens_total: int  # prompt tokens served from the prefix cache
     tokens_per_s: float  # recent forward-pass throughput (0 before the first step)
-    queued_tokens: int  # tokens still to compute for waiting and prefilling requests
+    queued_tokens: int  # tokens still to compute: requests not yet scheduled, waiting and prefilling
 
 
 class ThroughputMeter:

@@ -208,3 +208,17 @@ def test_stats_count_prompt_and_generated_tokens(engine: LLM) -> None:
     assert stats.num_prompt_tokens_total == sum(len(p) for p in prompts)
     assert stats.num_generation_tokens_total == sum(len(o.token_ids) for o in outputs)
     assert stats.num_running == stats.num_waiting == stats.num_blocks_used == 0
+
+
+def test_queued_tokens_count_requests_the_scheduler_has_not_seen(engine: LLM) -> None:
+    prompts = _prompts()[:3]
+    outputs: list[Any] = []
+    for i, prompt in enumerate(prompts):
+        engine.core.add_request(f"q{i}", prompt, GREEDY, outputs.append)
+    # nothing has stepped: the requests are still in the engine's inbox, yet they are work ahead of a newcomer
+    assert engine.core.stats().queued_tokens == sum(len(p) for p in prompts)
+    engine.core.throughput.tokens_per_s = 100.0
+    assert engine.core.predict_ttft_s(10) == pytest.approx((sum(len(p) for p in prompts) + 10) / 100)
+    while engine.core.has_work:
+        engine.core.step()
+    assert sum(o.finished for o in outputs) == 3 and engine.core.stats().queued_tokens == 0
