@@ -79,7 +79,8 @@ class EngineCore:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.model_config.eos_token_ids)
         self.live: dict[str, _Live] = {}
         self.num_steps = 0
-        self.throughput = ThroughputMeter()
+        self.throughput = ThroughputMeter()  # all tokens of every step
+        self.prefill_throughput = ThroughputMeter()  # prompt tokens, over steps busy with prefill
         self.num_preemptions_total = self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = self.num_cached_tokens_total = 0
         self._inbox: queue.SimpleQueue[tuple[Request, Sink] | str] = queue.SimpleQueue()  # adds and aborts
@@ -154,13 +155,17 @@ class EngineCore:
         if out.is_empty:
             return False
         self.num_steps += 1
-        started_s = time.monotonic()
+        started_s, prompt_tokens_before = time.monotonic(), self.num_prompt_tokens_total
         work, sampling = self._work(out)
         logits = self._forward(work, sampling)
         sampling = [rid for rid in sampling if rid in self.live]
         sampled = self._sample(logits[: len(sampling)] if logits is not None else None, sampling)
         self.scheduler.update(out, {rid: t for rid, (t, _) in sampled.items()})
-        self.throughput.record(out.total_tokens, time.monotonic() - started_s)
+        elapsed_s = time.monotonic() - started_s
+        self.throughput.record(out.total_tokens, elapsed_s)
+        num_prompt_tokens = self.num_prompt_tokens_total - prompt_tokens_before
+        if num_prompt_tokens >= self.config.max_num_batched_tokens // 4:
+            self.prefill_throughput.record(num_prompt_tokens, elapsed_s)
         self.num_preemptions_total += len(out.preempted)
         self.num_generation_tokens_total += len(sampled)
         for rid, (token_id, logprob) in sampled.items():
@@ -186,8 +191,13 @@ class EngineCore:
         )
 
     def predict_ttft_s(self, num_prompt_tokens: int) -> float:
-        """Time until a new request's first token, from the work queued ahead of it."""
-        return self.throughput.predict_s(self.stats().queued_tokens + num_prompt_tokens)
+        """Time until a new request's first token, from the work queued ahead of it.
+
+        The queued work is mostly prompt tokens, computed at the prefill rate (the rate of all tokens
+        is that of decode steps, one token per request per step, and far lower).
+        """
+        meter = self.prefill_throughput if self.prefill_throughput.tokens_per_s > 0 else self.throughput
+        return meter.predict_s(self.stats().queued_tokens + num_prompt_tokens)
 
     def _count_admitted(self) -> None:
         with self._lock:

@@ -63,19 +63,25 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         try:
             with self.lifecycle.in_flight() as engine:
                 yield engine, trace
-        except (asyncio.CancelledError, GeneratorExit):
+        except asyncio.CancelledError:
             trace.end(_cancelled_code(context))
             raise
         except Exception as e:
+            if context.cancelled():  # a write that failed because the client is gone: grpc cleans up
+                trace.end(_cancelled_code(context))
+                raise
             code, message = _status(e)
             trace.end(code.name, message)
             await context.abort(code, message)
         else:
             trace.end("OK")
 
+    # NOTE: a coroutine that writes, not an async generator that yields: grpc.aio drives a generator with
+    # `async for` and never closes it when a cancel lands during a send, so its cleanup (the engine abort,
+    # the in-flight count) would wait for garbage collection. Here the cancel surfaces in `context.write`.
     async def Generate(  # noqa: N802 (gRPC method names)
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> None:
         request_id = request.request_id or uuid.uuid4().hex
         async with self._rpc(context, "Generate", request_id) as (engine, trace):
             tokenizer = engine.core.tokenizer
@@ -91,7 +97,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                         raise StatusError(grpc.StatusCode.INTERNAL, f"request {request_id} failed: {out.error}")
                     if out.finish_reason is FinishReason.ABORT:
                         raise StatusError(grpc.StatusCode.CANCELLED, f"request {request_id} was aborted")
-                    yield convert.generate_response(out, tokenizer)
+                    await context.write(convert.generate_response(out, tokenizer))
 
     async def GetModelInfo(  # noqa: N802
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext

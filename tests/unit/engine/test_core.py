@@ -217,8 +217,16 @@ def test_queued_tokens_count_requests_the_scheduler_has_not_seen(engine: LLM) ->
         engine.core.add_request(f"q{i}", prompt, GREEDY, outputs.append)
     # nothing has stepped: the requests are still in the engine's inbox, yet they are work ahead of a newcomer
     assert engine.core.stats().queued_tokens == sum(len(p) for p in prompts)
-    engine.core.throughput.tokens_per_s = 100.0
+    engine.core.prefill_throughput.tokens_per_s = 100.0
     assert engine.core.predict_ttft_s(10) == pytest.approx((sum(len(p) for p in prompts) + 10) / 100)
     while engine.core.has_work:
         engine.core.step()
     assert sum(o.finished for o in outputs) == 3 and engine.core.stats().queued_tokens == 0
+
+
+def test_predicted_ttft_uses_the_prefill_rate_not_the_decode_rate(engine: LLM) -> None:
+    # one long prefill, then many one-token decode steps: the rate of all tokens falls to the decode rate
+    engine.generate([list(range(1000, 1200))], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    core = engine.core
+    assert core.prefill_throughput.tokens_per_s > 5 * core.throughput.tokens_per_s
+    assert core.predict_ttft_s(500) == pytest.approx(500 / core.prefill_throughput.tokens_per_s)

@@ -94,7 +94,8 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
 
     async def Generate(  # noqa: N802
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> None:
+        # NOTE: writes instead of yielding, like the real servicer: a cancel always surfaces here at once
         self.requests.append(request)
         self.metadata.append({k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)})
         prompt = _prompt_text(request)
@@ -103,14 +104,14 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
             await context.abort(grpc.StatusCode[name], details[0] if details else f"fake {name}")
         try:
             async for response in self._stream(request, prompt):
-                yield response
+                await context.write(response)
         except asyncio.CancelledError:
             self.cancelled.add(request.request_id)
             raise
-        finally:
-            # NOTE: a cancel that lands during a send surfaces as a failed write (the generator is closed)
-            if context.cancelled():
+        except Exception:
+            if context.cancelled():  # the write failed because the client is gone
                 self.cancelled.add(request.request_id)
+            raise
         if prompt == "fail-midway":
             await context.abort(grpc.StatusCode.INTERNAL, "fake engine failure")
 

@@ -66,9 +66,6 @@ def test_run_gateway_serves_until_cancelled() -> None:
     asyncio.run(main())
 
 
-# NOTE: flaky only late in the full suite (the fake upstream sometimes never sees one of the two cancels);
-# it passes alone every time, so it runs with `make test-slow` until the cause is found
-@pytest.mark.slow
 def test_stop_ends_responses_that_outlive_the_grace() -> None:
     loop, fake = LoopThread(), FakeUpstream()
     loop.call(fake.start())
