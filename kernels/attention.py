@@ -121,8 +121,7 @@ def _gather_context(
 class _DecodeGroup:
     """Decode tokens of sequences with similar context lengths, gathered together."""
 
-    rows: torch.Tensor  # [n] rows of the flat batch
-    span: slice | None  # the same rows as a slice when they are consecutive (no gather, no scatter)
+    rows: torch.Tensor | slice  # rows of the flat batch: a slice when consecutive (no gather, no scatter)
     tables: torch.Tensor  # [n, num_blocks_used]
     q_pos: torch.Tensor  # [n, 1, 1, 1] position of each query
     k_pos: torch.Tensor  # [1, 1, 1, num_blocks_used * block_size]
@@ -153,12 +152,11 @@ def _decode_groups(meta: AttentionMetadata, block_size: int) -> list[_DecodeGrou
         num_blocks_used = -(-meta.context_lens[group[0]] // block_size)
         seqs = sorted(group)  # batch order inside a group: often a plain slice of the batch
         rows = [starts[i] for i in seqs]
-        consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
+        span = slice(rows[0], rows[0] + len(rows))
         index = torch.tensor(seqs, device=device)
         groups.append(
             _DecodeGroup(
-                rows=torch.tensor(rows, device=device),
-                span=slice(rows[0], rows[0] + len(rows)) if consecutive else None,
+                rows=span if rows == list(range(span.start, span.stop)) else torch.tensor(rows, device=device),
                 tables=meta.block_tables[index, :num_blocks_used].long(),
                 q_pos=torch.tensor([meta.context_lens[i] - 1 for i in seqs], device=device).view(-1, 1, 1, 1),
                 k_pos=torch.arange(num_blocks_used * block_size, device=device).view(1, 1, 1, -1),
@@ -184,13 +182,13 @@ def _decode(
     mask = group.masks.get(spec.sliding_window)
     if mask is None:
         mask = group.masks[spec.sliding_window] = _visible(group.q_pos, group.k_pos, spec.sliding_window)
-    q = query[group.span] if group.span is not None else query[group.rows]  # [n, num_heads, head_dim]
+    q = query[group.rows]  # [n, num_heads, head_dim]
     n, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     # A decode query is one position, so the query heads sharing a KV head become that head's query
     # rows: each K/V head is read once, not once per query head as GQA broadcasting does.
-    rows = q.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    return _attend(rows, k, v, mask, spec).view(n, num_heads, head_dim)
+    grouped = q.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    return _attend(grouped, k, v, mask, spec).view(n, num_heads, head_dim)
 
 
 def _prefill(
@@ -244,11 +242,11 @@ def paged_attention_ref(
         plan["all_slots_valid"] = bool((meta.slot_mapping >= 0).all())
     write_kv_ref(key, value, k_cache, v_cache, meta.slot_mapping, skip_check=plan["all_slots_valid"])
     groups: list[_DecodeGroup] = plan["decode_groups"]
-    if len(groups) == 1 and groups[0].span == slice(0, query.shape[0]):
+    if len(groups) == 1 and isinstance(groups[0].rows, slice) and groups[0].rows == slice(0, query.shape[0]):
         return _decode(query, k_cache, v_cache, groups[0], spec)  # a decode-only batch in one group
     out = torch.empty_like(query)
     for group in groups:
-        out[group.span if group.span is not None else group.rows] = _decode(query, k_cache, v_cache, group, spec)
+        out[group.rows] = _decode(query, k_cache, v_cache, group, spec)
     starts = plan["starts"]
     for i, n in enumerate(meta.query_lens):
         if n > 1:
