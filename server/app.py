@@ -109,15 +109,14 @@ class InferenceServer:
 
 
 async def _warmup(engine: AsyncEngine) -> None:
-    """One short request and one prefill of half a step's budget: the kernels are warm, and the prefill
-    rate that predicts time to first token (deadline admission) is measured before the first RPC."""
+    """A prefill of half a step's budget and one decode step: the kernels are warm, and the prefill rate
+    that predicts time to first token (deadline admission) is measured before the first RPC."""
     core = engine.core
     hello = core.tokenizer.encode("Hello") or [0]
-    num_prefill = max(1, min(core.config.max_num_batched_tokens // 2, core.config.max_model_len - 1))
-    for ids in (hello, (hello * num_prefill)[:num_prefill]):
-        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-        async for _ in engine.generate(ids, params, f"warmup-{uuid.uuid4().hex}"):
-            pass
+    num_prefill = max(1, min(core.config.max_num_batched_tokens // 2, core.config.max_model_len - 2))
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    async for _ in engine.generate((hello * num_prefill)[:num_prefill], params, f"warmup-{uuid.uuid4().hex}"):
+        pass
 
 
 async def serve(config: ServerConfig) -> int:
