@@ -197,7 +197,7 @@ def main() -> None:
     args = ap.parse_args()
     model_dir = default_model_dir()
     llm = LLM(str(model_dir), max_model_len=1024)
-    work = make_workload(args.num_requests, llm.core.model_config.vocab_size, seed=0)
+    work = make_workload(args.num_requests, llm.core.model_info.vocab_size, seed=0)
     if args.max_new_tokens is not None:
         work = Workload(work.prompts, [min(n, args.max_new_tokens) for n in work.max_new])
     weight_bytes = sum(p.numel() * p.element_size() for p in llm.core.runner.model.parameters())

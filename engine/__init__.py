@@ -1,0 +1,66 @@
+"""The engine's public face: what the server (and any other caller) may import from `infer.engine`.
+
+`EngineClient` is the interface the server drives (`AsyncEngine` implements it); the rest are the plain
+types it speaks. Submodules are the engine's insides. Imports are lazy: `import infer.engine` loads no torch.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from infer.engine.async_engine import AsyncEngine
+    from infer.engine.config import DTYPES, EngineConfig
+    from infer.engine.inbox import QueueFullError
+    from infer.engine.interface import EngineClient, ModelInfo
+    from infer.engine.llm import LLM
+    from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
+    from infer.engine.sampling_params import SamplingParams
+    from infer.engine.stats import EngineStats
+    from infer.engine.tokenizer import Tokenizer
+    from infer.engine.validation import check
+
+_EXPORTS = {
+    "AsyncEngine": "async_engine",
+    "DTYPES": "config",
+    "EngineClient": "interface",
+    "EngineConfig": "config",
+    "EngineStats": "stats",
+    "FinishReason": "request",
+    "LLM": "llm",
+    "ModelInfo": "interface",
+    "QueueFullError": "inbox",
+    "RequestOutput": "request",
+    "SamplingParams": "sampling_params",
+    "Timings": "request",
+    "TokenLogprob": "request",
+    "Tokenizer": "tokenizer",
+    "Usage": "request",
+    "check": "validation",
+}
+__all__ = [
+    "DTYPES",
+    "LLM",
+    "AsyncEngine",
+    "EngineClient",
+    "EngineConfig",
+    "EngineStats",
+    "FinishReason",
+    "ModelInfo",
+    "QueueFullError",
+    "RequestOutput",
+    "SamplingParams",
+    "Timings",
+    "TokenLogprob",
+    "Tokenizer",
+    "Usage",
+    "check",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'infer.engine' has no attribute {name!r}")
+    return getattr(import_module(f"infer.engine.{module}"), name)

@@ -11,14 +11,21 @@ from collections.abc import AsyncIterator, Sequence
 
 from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore
+from infer.engine.interface import ModelInfo
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
+from infer.engine.stats import EngineStats
+from infer.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
 
 class AsyncEngine:
-    """`async for delta in engine.generate(...)`; the step loop never runs on the event loop."""
+    """`async for delta in engine.generate(...)`; the step loop never runs on the event loop.
+
+    Implements `EngineClient`, the interface the server uses. `core` is the engine core it drives: for
+    tests and tools, not for the server.
+    """
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
@@ -28,11 +35,28 @@ class AsyncEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
-        return cls(EngineCore(config))
+        return cls(EngineCore.from_config(config))
 
     @property
-    def tokenizer(self):  # type: ignore[no-untyped-def]
+    def config(self) -> EngineConfig:
+        return self.core.config
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return self.core.model_info
+
+    @property
+    def tokenizer(self) -> Tokenizer:
         return self.core.tokenizer
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        self.core.validate(prompt_token_ids, params)
+
+    def predict_ttft_s(self, num_prompt_tokens: int) -> float:
+        return self.core.predict_ttft_s(num_prompt_tokens)
+
+    def stats(self) -> EngineStats:
+        return self.core.stats()
 
     def _run(self) -> None:
         core = self.core
@@ -41,8 +65,7 @@ class AsyncEngine:
                 did_work = core.step()
             except Exception:
                 logger.exception("engine step failed; failing its requests")
-                for rid in list(core.live):
-                    core._fail(rid, RuntimeError("engine step failed"))
+                core.fail_all(RuntimeError("engine step failed"))
                 did_work = False
             if not did_work:
                 # static batching waits for its batch to fill: poll while requests wait
@@ -86,6 +109,16 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self.core.abort(request_id)
+
+    async def warmup(self) -> None:
+        """A prefill of half a step's budget and one decode step: the kernels are warm, and the prefill rate
+        that predicts time to first token (deadline admission) is measured before the first real request."""
+        cfg = self.config
+        hello = self.tokenizer.encode("Hello") or [0]
+        num_prefill = max(1, min(cfg.max_num_batched_tokens // 2, cfg.max_model_len - 2))
+        params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        async for _ in self.generate((hello * num_prefill)[:num_prefill], params, f"warmup-{uuid.uuid4().hex}"):
+            pass
 
     def shutdown(self) -> None:
         self._stopped.set()

@@ -38,8 +38,17 @@ class LLM:
     """Runs the engine in the calling thread until every prompt is done."""
 
     def __init__(self, model: str | None = None, **settings: Any) -> None:
-        self.core = EngineCore(EngineConfig.from_dict({"model": model, **settings}))
-        self.tokenizer = self.core.tokenizer
+        self._use(EngineCore.from_config(EngineConfig.from_dict({"model": model, **settings})))
+
+    @classmethod
+    def from_core(cls, core: EngineCore) -> LLM:
+        """An LLM over an engine core built from its parts (a custom or fake runner)."""
+        llm = cls.__new__(cls)
+        llm._use(core)
+        return llm
+
+    def _use(self, core: EngineCore) -> None:
+        self.core, self.tokenizer = core, core.tokenizer
         self._next_id = 0
 
     def generate(

@@ -34,3 +34,42 @@ class ThroughputMeter:
     def predict_s(self, num_tokens: int) -> float:
         """Seconds to compute num_tokens at the recent rate; 0 when nothing has been measured yet."""
         return num_tokens / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one engine step did, for the counters."""
+
+    num_tokens: int  # every token of the forward pass
+    num_prompt_tokens: int  # of which prompt tokens
+    num_sampled: int
+    num_preempted: int
+    elapsed_s: float
+
+
+class StepCounters:
+    """Totals and rates over the engine's steps."""
+
+    def __init__(self, max_num_batched_tokens: int) -> None:
+        self.throughput = ThroughputMeter()  # all tokens of every step
+        self.prefill_throughput = ThroughputMeter()  # prompt tokens, over steps busy with prefill
+        self.min_prefill_tokens = max_num_batched_tokens // 4  # a step "busy with prefill" computes this many
+        self.num_steps = self.num_preemptions_total = 0
+        self.num_prompt_tokens_total = self.num_generation_tokens_total = self.num_cached_tokens_total = 0
+
+    def record(self, step: StepRecord) -> None:
+        self.num_steps += 1
+        self.throughput.record(step.num_tokens, step.elapsed_s)
+        if step.num_prompt_tokens >= self.min_prefill_tokens:
+            self.prefill_throughput.record(step.num_prompt_tokens, step.elapsed_s)
+        self.num_prompt_tokens_total += step.num_prompt_tokens
+        self.num_generation_tokens_total += step.num_sampled
+        self.num_preemptions_total += step.num_preempted
+
+    def predict_ttft_s(self, num_tokens: int) -> float:
+        """Seconds to compute num_tokens of mostly prompt: at the prefill rate once measured.
+
+        The rate of all tokens is that of decode steps, one token per request per step, and far lower.
+        """
+        meter = self.prefill_throughput if self.prefill_throughput.tokens_per_s > 0 else self.throughput
+        return meter.predict_s(num_tokens)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import uuid
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -14,9 +13,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
-from infer.engine.async_engine import AsyncEngine
-from infer.engine.sampling_params import SamplingParams
-from infer.engine.stats import EngineStats
+from infer.engine import AsyncEngine, EngineClient, EngineStats
 from infer.server.gateway.app import GatewayConfig, GatewayServer, local_upstream
 from infer.server.lifecycle import Lifecycle
 from infer.server.servicer import InferenceServicer
@@ -48,12 +45,12 @@ class InferenceServer:
         self.metrics_port: int | None = None
 
     @property
-    def engine(self) -> AsyncEngine | None:
+    def engine(self) -> EngineClient | None:
         return self.lifecycle.engine
 
     def _stats(self) -> EngineStats | None:
         engine = self.lifecycle.engine
-        return engine.core.stats() if engine is not None else None
+        return engine.stats() if engine is not None else None
 
     async def start(self) -> None:
         """Listen at once, reporting NOT_SERVING until `load` is done."""
@@ -83,14 +80,14 @@ class InferenceServer:
 
     async def load(self) -> None:
         """Load the model (in a thread: health keeps answering), warm it up, then report SERVING."""
-        engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
+        engine: EngineClient = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
         if self.config.warmup:
-            await _warmup(engine)
-        core, cfg = engine.core, self.config.engine
+            await engine.warmup()
+        info, cfg, stats = engine.model_info, engine.config, engine.stats()
         logger.info(
             "model %s from %s on %s (%s): %d KV blocks of %d tokens, max_model_len %d, max_num_seqs %d",
-            core.model_dir.name, core.model_dir, cfg.device, cfg.dtype, core.num_blocks, cfg.block_size,
-            cfg.max_model_len, cfg.max_num_seqs,
+            info.model_id, info.model_dir, cfg.device, cfg.dtype, stats.num_blocks_used + stats.num_blocks_free,
+            cfg.block_size, cfg.max_model_len, cfg.max_num_seqs,
         )  # fmt: skip
         await self.lifecycle.serve(engine)
         logger.info("SERVING on %s:%d", self.config.host, self.port)
@@ -106,17 +103,6 @@ class InferenceServer:
             await asyncio.to_thread(self.engine.shutdown)
         self.telemetry.shutdown()
         logger.info("stopped")
-
-
-async def _warmup(engine: AsyncEngine) -> None:
-    """A prefill of half a step's budget and one decode step: the kernels are warm, and the prefill rate
-    that predicts time to first token (deadline admission) is measured before the first RPC."""
-    core = engine.core
-    hello = core.tokenizer.encode("Hello") or [0]
-    num_prefill = max(1, min(core.config.max_num_batched_tokens // 2, core.config.max_model_len - 2))
-    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    async for _ in engine.generate((hello * num_prefill)[:num_prefill], params, f"warmup-{uuid.uuid4().hex}"):
-        pass
 
 
 async def serve(config: ServerConfig) -> int:

@@ -18,8 +18,7 @@ def _add_model_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from infer.engine.llm import LLM
-    from infer.engine.sampling_params import SamplingParams
+    from infer.engine import LLM, SamplingParams
 
     llm = LLM(args.model, max_model_len=args.max_model_len, num_blocks=None)
     prompt = llm.tokenizer.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt

@@ -5,10 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.engine.core import EngineCore
-from infer.engine.request import FinishReason, RequestOutput, TokenLogprob
-from infer.engine.sampling_params import SamplingParams
-from infer.engine.tokenizer import Tokenizer
+from infer.engine import EngineClient, FinishReason, RequestOutput, SamplingParams, Tokenizer, TokenLogprob
 
 _OPTIONAL_FIELDS = (
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -76,13 +73,14 @@ def generate_response(out: RequestOutput, tokenizer: Tokenizer) -> pb.GenerateRe
     return response
 
 
-def model_info(core: EngineCore) -> pb.GetModelInfoResponse:
+def model_info(engine: EngineClient) -> pb.GetModelInfoResponse:
+    info = engine.model_info
     return pb.GetModelInfoResponse(
-        model_id=core.model_dir.name,
-        max_model_len=core.config.max_model_len,
-        vocab_size=core.model_config.vocab_size,
-        eos_token_ids=sorted(core.eos_token_ids),
-        has_chat_template=core.tokenizer.chat_template is not None,
+        model_id=info.model_id,
+        max_model_len=engine.config.max_model_len,
+        vocab_size=info.vocab_size,
+        eos_token_ids=info.eos_token_ids,
+        has_chat_template=info.has_chat_template,
     )
 
 

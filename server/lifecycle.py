@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from grpc_health.v1 import health, health_pb2
 
-from infer.engine.async_engine import AsyncEngine
+from infer.engine import EngineClient
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class Lifecycle:
     def __init__(self) -> None:
         self.state = State.LOADING
         self.health = health.aio.HealthServicer()
-        self.engine: AsyncEngine | None = None
+        self.engine: EngineClient | None = None
         self.num_in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -44,7 +44,7 @@ class Lifecycle:
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
 
-    async def serve(self, engine: AsyncEngine) -> None:
+    async def serve(self, engine: EngineClient) -> None:
         """The model is loaded and warm: accept RPCs."""
         self.engine, self.state = engine, State.SERVING
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
@@ -54,7 +54,7 @@ class Lifecycle:
             await self.health.set(name, status)
 
     @contextlib.contextmanager
-    def in_flight(self) -> Iterator[AsyncEngine]:
+    def in_flight(self) -> Iterator[EngineClient]:
         """The engine for one RPC; NotServingError unless serving."""
         if self.state is not State.SERVING or self.engine is None:
             reason = "the model is loading" if self.state is State.LOADING else "the server is shutting down"

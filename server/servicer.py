@@ -13,10 +13,7 @@ import grpc
 
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
-from infer.engine.async_engine import AsyncEngine
-from infer.engine.core import QueueFullError
-from infer.engine.request import FinishReason, RequestOutput
-from infer.engine.sampling_params import SamplingParams
+from infer.engine import EngineClient, FinishReason, QueueFullError, RequestOutput, SamplingParams
 from infer.server import convert
 from infer.server.lifecycle import Lifecycle, NotServingError
 from infer.server.telemetry import RequestTrace, Telemetry
@@ -57,7 +54,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     @contextlib.asynccontextmanager
     async def _rpc(
         self, context: grpc.aio.ServicerContext, method: str, request_id: str = ""
-    ) -> AsyncIterator[tuple[AsyncEngine, RequestTrace]]:
+    ) -> AsyncIterator[tuple[EngineClient, RequestTrace]]:
         """Count the RPC in flight, trace it, and turn an exception into its status code."""
         trace = self.telemetry.start_request(method, request_id, dict(context.invocation_metadata() or ()))
         try:
@@ -84,7 +81,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     ) -> None:
         request_id = request.request_id or uuid.uuid4().hex
         async with self._rpc(context, "Generate", request_id) as (engine, trace):
-            tokenizer = engine.core.tokenizer
+            tokenizer = engine.tokenizer
             prompt = convert.prompt_token_ids(request, tokenizer)
             params = convert.sampling_params(request.sampling)
             _validate(engine, prompt, params)
@@ -103,30 +100,30 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetModelInfoResponse:
         async with self._rpc(context, "GetModelInfo") as (engine, _):
-            return convert.model_info(engine.core)
+            return convert.model_info(engine)
         raise AssertionError("unreachable: _rpc aborts on error")
 
     async def Tokenize(  # noqa: N802
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
         async with self._rpc(context, "Tokenize") as (engine, _):
-            return convert.tokenize(request, engine.core.tokenizer)
+            return convert.tokenize(request, engine.tokenizer)
         raise AssertionError("unreachable: _rpc aborts on error")
 
 
-def _validate(engine: AsyncEngine, prompt: list[int], params: SamplingParams) -> None:
+def _validate(engine: EngineClient, prompt: list[int], params: SamplingParams) -> None:
     try:
-        engine.core.validate(prompt, params)
+        engine.validate(prompt, params)
     except ValueError as e:
         message = str(e)
         raise ValueError(f"sampling.{message}" if message.startswith("max_tokens:") else message) from None
 
 
-def _admit_by_deadline(engine: AsyncEngine, num_prompt_tokens: int, time_remaining_s: float | None) -> None:
+def _admit_by_deadline(engine: EngineClient, num_prompt_tokens: int, time_remaining_s: float | None) -> None:
     """Refuse at once when the work queued ahead already predicts a first token past the deadline."""
     if time_remaining_s is None:
         return
-    predicted_s = engine.core.predict_ttft_s(num_prompt_tokens)
+    predicted_s = engine.predict_ttft_s(num_prompt_tokens)
     if predicted_s > time_remaining_s:
         raise StatusError(
             grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -12,8 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from infer.engine.config import DTYPES, EngineConfig
-from infer.engine.validation import check
+from infer.engine import DTYPES, EngineConfig, check
 
 ENV_PREFIX = "INFER_"
 TRACE_EXPORTERS = ("none", "console", "otlp")

@@ -20,8 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from prometheus_client import CollectorRegistry, start_http_server
 
-from infer.engine.request import RequestOutput
-from infer.engine.stats import EngineStats
+from infer.engine import EngineStats, RequestOutput
 
 logger = logging.getLogger(__name__)
 

@@ -226,7 +226,7 @@ def test_deadline_shorter_than_the_predicted_ttft_is_refused_at_admission(
     server: ServerThread, stub: pb_grpc.InferenceServiceStub
 ) -> None:
     core = server.engine.core
-    assert core.throughput.tokens_per_s > 0  # measured by the warm-up
+    assert core.counters.throughput.tokens_per_s > 0  # measured by the warm-up
     long_prompt = pb.TokenIds(ids=[100 + i % 1000 for i in range(450)])
     with paused_in_forward(core):
         with paused(core):  # both in the inbox, then both scheduled into the held forward pass

@@ -53,7 +53,7 @@ def engine_idle_after(grpc_server: ServerThread) -> Iterator[None]:
 
 def test_models_lists_the_served_model(client: openai.OpenAI, grpc_server: ServerThread) -> None:
     models = client.models.list().data
-    assert [m.id for m in models] == [grpc_server.engine.core.model_dir.name]
+    assert [m.id for m in models] == [grpc_server.engine.model_info.model_id]
     assert client.models.retrieve(models[0].id).id == models[0].id
 
 

@@ -1,165 +1,167 @@
-"""The engine on the default model: batching never changes greedy tokens, whatever the settings."""
+"""EngineCore's step loop on a fake runner: scheduling, sampling, stopping and failure isolation, no weights.
+
+The fake model predicts TEXT's token at each position (see tests/helpers/fake_engine.py), so every request's
+expected output is known whatever the batch. The same behaviours on the real default model are in
+test_core_default_model.py.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from infer import LLM, SamplingParams
-from infer.engine.core import QueueFullError
-from infer.engine.request import FinishReason
+from infer.engine.core import EngineCore, QueueFullError
+from infer.engine.llm import LLM
+from infer.engine.request import FinishReason, RequestOutput
+from infer.engine.sampling_params import SamplingParams
+from tests.helpers.fake_engine import TEXT, FakeRunner, fake_core
 
-GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hum old songs".split()  # noqa: SIM905
-
-
-def _prompts() -> list[list[int]]:
-    """16 prompts of mixed lengths (3 to 93 tokens), as token ids."""
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for i in range(16):
-        n = 3 + (i * 37) % 91
-        out.append(torch.randint(100, 40000, (n,), generator=g).tolist())
-    return out
-
-
-@pytest.fixture(scope="module")
-def alone(default_model_dir: Path) -> list[list[int]]:
-    """Each prompt's greedy tokens when it runs alone."""
-    llm = LLM(str(default_model_dir), max_model_len=256)
-    tokens = [llm.generate([p], GREEDY)[0].token_ids for p in _prompts()]
-    llm.core.block_manager.assert_no_leaks()
-    return tokens
-
-
-def _engine(model_dir: Path, **settings: Any) -> Iterator[LLM]:
-    llm = LLM(str(model_dir), **{"max_model_len": 256, **settings})
-    yield llm
-    llm.core.block_manager.assert_no_leaks()  # every test ends with every block free
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture
-def engine(request: pytest.FixtureRequest, default_model_dir: Path) -> Iterator[LLM]:
-    yield from _engine(default_model_dir, **getattr(request, "param", {}))
+def fake(request: pytest.FixtureRequest) -> Iterator[tuple[LLM, FakeRunner]]:
+    core, runner = fake_core(**getattr(request, "param", {}))
+    yield LLM.from_core(core), runner
+    assert not core.live and not core.has_work
+    core.block_manager.assert_no_leaks()  # every test ends with every block free
+
+
+@pytest.fixture
+def llm(fake: tuple[LLM, FakeRunner]) -> LLM:
+    return fake[0]
+
+
+def _text_ids(llm: LLM) -> list[int]:
+    return llm.tokenizer.encode(TEXT)
+
+
+def _prompts() -> list[list[int]]:
+    """12 prompts of 1 to 70 tokens: random ids, so only the positions decide what the fake model predicts."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, 300, (1 + (i * 29) % 70,), generator=g).tolist() for i in range(12)]
+
+
+def _expected(llm: LLM, runner: FakeRunner, prompt: list[int], max_tokens: int) -> list[int]:
+    return [runner.token_at(len(prompt) + i) for i in range(max_tokens)]
+
+
+def test_greedy_continues_the_text_then_stops_at_eos(fake: tuple[LLM, FakeRunner]) -> None:
+    llm, runner = fake
+    ids = _text_ids(llm)
+    out = llm.generate([ids[:5]], SamplingParams(max_tokens=200, temperature=0))[0]
+    assert out.token_ids == [*ids[5:], runner.eos_id]
+    assert out.text == llm.tokenizer.decode(ids[5:])
+    assert out.finish_reason is FinishReason.STOP
 
 
 @pytest.mark.parametrize(
-    "engine",
+    "fake",
     [
         {},
-        {"max_num_batched_tokens": 16},  # chunked prefill: every long prompt takes several steps
-        {"batching": "static", "max_num_seqs": 8},
-        {"kv_reserve": "full"},
+        {"max_num_batched_tokens": 16},  # chunked prefill: long prompts take several steps
+        {"batching": "static", "max_num_seqs": 4},
+        {"kv_reserve": "full", "max_model_len": 128},
         {"enable_prefix_caching": False},
+        {"num_blocks": 16, "max_model_len": 128},  # too small for all at once: preemption
     ],
     indirect=True,
-    ids=["continuous", "chunk16", "static", "full-reserve", "no-prefix-cache"],
+    ids=["continuous", "chunk16", "static", "full-reserve", "no-prefix-cache", "preempting"],
 )
-def test_batched_greedy_equals_alone(engine: LLM, alone: list[list[int]]) -> None:
-    outputs = engine.generate(_prompts(), GREEDY)
-    assert [o.token_ids for o in outputs] == alone
+def test_every_request_gets_its_own_tokens_whatever_the_batching(fake: tuple[LLM, FakeRunner]) -> None:
+    llm, runner = fake
+    outputs = llm.generate(_prompts(), GREEDY)
+    assert [o.token_ids for o in outputs] == [_expected(llm, runner, p, 8) for p in _prompts()]
     assert all(o.finish_reason is FinishReason.LENGTH for o in outputs)
+    if llm.core.config.num_blocks == 16:
+        assert sum(o.timings.num_preemptions for o in outputs if o.timings) > 0
 
 
-@pytest.mark.parametrize("engine", [{"num_blocks": 16, "block_size": 16}], indirect=True)
-def test_preemption_keeps_greedy_tokens(engine: LLM, alone: list[list[int]]) -> None:
-    outputs = engine.generate(_prompts(), GREEDY)
-    assert [o.token_ids for o in outputs] == alone
-    assert sum(o.timings.num_preemptions for o in outputs if o.timings) > 0  # the pool was too small
+def test_one_forward_pass_mixes_decodes_and_prefill_chunks(fake: tuple[LLM, FakeRunner]) -> None:
+    llm, runner = fake
+    llm.generate(_prompts()[:6], GREEDY)
+    mixed = [call for call in runner.calls if {len(w.token_ids) == 1 for w in call} == {True, False}]
+    assert mixed, "no step ran decodes and prefill chunks together"
+    for call in runner.calls:
+        assert sum(len(w.token_ids) for w in call) <= llm.core.config.max_num_batched_tokens
 
 
-def test_usage_and_timings(engine: LLM) -> None:
-    out = engine.generate(["Hello there"], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))[0]
-    assert out.usage is not None
-    assert out.timings is not None
-    assert out.usage.prompt_tokens == len(engine.tokenizer.encode("Hello there"))
-    assert out.usage.completion_tokens == len(out.token_ids) == 5
-    assert 0 <= out.timings.queue_s <= out.timings.ttft_s <= out.timings.total_s
+def test_stop_string_split_across_tokens(llm: LLM) -> None:
+    ids = _text_ids(llm)
+    pieces = [llm.tokenizer.decode([t]) for t in ids]
+    i = pieces.index("cap")  # "cap" + "it": a stop string made of the end of one token and the start of the next
+    out = llm.generate([ids[:3]], SamplingParams(max_tokens=40, temperature=0, stop=["api"]))[0]
+    assert out.finish_reason is FinishReason.STOP
+    assert out.text == llm.tokenizer.decode(ids[3:i]) + "c"
+    assert "api" not in out.text
 
 
-def test_prefix_cache_reports_cached_tokens(engine: LLM) -> None:
-    prompt = " ".join(WORDS * 4)
-    params = SamplingParams(max_tokens=2, temperature=0)
-    first, second = engine.generate([prompt], params)[0], engine.generate([prompt], params)[0]
-    assert first.usage is not None and first.usage.cached_tokens == 0
-    assert second.usage is not None and second.usage.cached_tokens >= 16
-    assert second.token_ids == first.token_ids
+def test_stop_token_ids_and_eos_end_the_request_without_text(llm: LLM) -> None:
+    ids = _text_ids(llm)
+    out = llm.generate([ids[:3]], SamplingParams(max_tokens=40, temperature=0, stop_token_ids=[ids[6]]))[0]
+    assert out.token_ids == ids[3:7] and out.finish_reason is FinishReason.STOP
+    assert out.text == llm.tokenizer.decode(ids[3:6])
+    near_end = llm.generate([ids[:-2]], SamplingParams(max_tokens=40, temperature=0))[0]
+    assert near_end.token_ids[-1] in llm.core.eos_token_ids and len(near_end.token_ids) == 3
 
 
-def test_seeded_sampling_is_the_same_whatever_the_batch(engine: LLM) -> None:
-    seeded = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, seed=1234, ignore_eos=True)
+def test_min_tokens_holds_back_eos(llm: LLM) -> None:
+    ids = _text_ids(llm)
+    longer = llm.generate([ids[:-2]], SamplingParams(max_tokens=10, temperature=0, min_tokens=6))[0]
+    assert len(longer.token_ids) >= 6
+    assert not set(longer.token_ids[:6]) & llm.core.eos_token_ids
+
+
+def test_max_model_len_ends_a_request_with_length(fake: tuple[LLM, FakeRunner]) -> None:
+    llm, _ = fake
+    prompt = list(range(3, 3 + 250))
+    out = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 6 and out.finish_reason is FinishReason.LENGTH
+
+
+def test_logprobs_are_returned_per_token(llm: LLM) -> None:
+    out = llm.generate([[5, 6]], SamplingParams(max_tokens=3, temperature=0, logprobs=2, ignore_eos=True))[0]
+    assert out.logprobs is not None and len(out.logprobs) == 3
+    for token_id, lp in zip(out.token_ids, out.logprobs, strict=True):
+        assert lp.token_id == token_id and lp.logprob <= 0
+        assert len(lp.top) == 2 and lp.top[0][0] == token_id  # greedy: the sampled token is the most likely
+
+
+def test_seeded_sampling_is_the_same_whatever_the_batch(llm: LLM) -> None:
+    seeded = SamplingParams(max_tokens=16, temperature=1.0, seed=1234, ignore_eos=True)
     other = SamplingParams(max_tokens=16, temperature=1.0, ignore_eos=True)
-    alone = engine.generate(["Once upon a time"], seeded)[0].token_ids
-    crowd = engine.generate(
-        ["Once upon a time", "A", "The weather today", "Once upon a time"], [seeded, other, other, other]
-    )
+    alone = llm.generate([[7, 8, 9]], seeded)[0].token_ids
+    crowd = llm.generate([[7, 8, 9], [4], [10, 11], [7, 8, 9]], [seeded, other, other, other])
     assert crowd[0].token_ids == alone
     assert crowd[3].token_ids != alone  # same prompt, no seed: a different draw
 
 
-def test_stop_string_split_across_tokens(engine: LLM) -> None:
-    prompt = "The capital of France is"
-    base = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0))[0]
-    tokens = [engine.tokenizer.decode([t]) for t in base.token_ids]
-    # a stop string made of the end of one token and the start of the next
-    i = next(i for i in range(1, len(tokens)) if len(tokens[i - 1].strip()) >= 2 and tokens[i].strip())
-    stop = tokens[i - 1][-2:] + tokens[i][:1]
-    out = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0, stop=[stop]))[0]
-    assert out.finish_reason is FinishReason.STOP
-    assert out.text == base.text[: base.text.index(stop)]
-    assert stop not in out.text
-
-
-def test_eos_and_stop_token_ids_end_the_request(engine: LLM) -> None:
-    chat = engine.tokenizer.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
-    out = engine.generate([chat], SamplingParams(max_tokens=64, temperature=0))[0]
-    assert "Paris" in out.text
-    assert out.finish_reason is FinishReason.STOP
-    assert out.token_ids[-1] in engine.core.eos_token_ids
-    first = out.token_ids[0]
-    stopped = engine.generate([chat], SamplingParams(max_tokens=64, temperature=0, stop_token_ids=[first]))[0]
-    assert stopped.token_ids == [first]
-    assert stopped.finish_reason is FinishReason.STOP
-
-
-def test_min_tokens_holds_back_eos(engine: LLM) -> None:
-    chat = engine.tokenizer.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
-    natural = engine.generate([chat], SamplingParams(max_tokens=32, temperature=0))[0]
-    assert natural.finish_reason is FinishReason.STOP
-    longer = engine.generate(
-        [chat], SamplingParams(max_tokens=64, temperature=0, min_tokens=len(natural.token_ids) + 3)
-    )[0]
-    assert len(longer.token_ids) >= len(natural.token_ids) + 3
-
-
-def test_logprobs_are_returned_per_token(engine: LLM) -> None:
-    out = engine.generate(["Hello"], SamplingParams(max_tokens=3, temperature=0, logprobs=2, ignore_eos=True))[0]
-    assert out.logprobs is not None and len(out.logprobs) == 3
-    for token_id, lp in zip(out.token_ids, out.logprobs, strict=True):
-        assert lp.token_id == token_id
-        assert lp.logprob <= 0
-        assert len(lp.top) == 2
-        assert lp.top[0][0] == token_id  # greedy: the sampled token is the most likely one
+def test_usage_timings_and_prefix_cache_hits(llm: LLM) -> None:
+    prompt = list(range(3, 43))  # 40 tokens: two full blocks of 16 may be reused
+    first, second = (llm.generate([prompt], SamplingParams(max_tokens=5, temperature=0))[0] for _ in range(2))
+    assert first.usage is not None and second.usage is not None and first.timings is not None
+    assert (first.usage.prompt_tokens, first.usage.completion_tokens, first.usage.cached_tokens) == (40, 5, 0)
+    assert second.usage.cached_tokens == 32 and second.token_ids == first.token_ids
+    assert 0 <= first.timings.queue_s <= first.timings.ttft_s <= first.timings.total_s
 
 
 @pytest.mark.parametrize(
     ("prompt", "params", "field"),
     [
-        ("", SamplingParams(), "prompt"),
-        ("hi", SamplingParams(max_tokens=10_000), "max_tokens"),
+        ([], SamplingParams(), "prompt"),
+        ([5], SamplingParams(max_tokens=10_000), "max_tokens"),
         ([10**9], SamplingParams(), "prompt_token_ids"),
     ],
 )
 def test_bad_input_is_refused_and_nothing_is_enqueued(
-    engine: LLM, prompt: Any, params: SamplingParams, field: str
+    llm: LLM, prompt: list[int], params: SamplingParams, field: str
 ) -> None:
     with pytest.raises(ValueError, match=field):
-        engine.generate([prompt], params)
-    assert not engine.core.has_work
+        llm.generate([prompt], params)
+    assert not llm.core.has_work
 
 
 @pytest.mark.parametrize(
@@ -171,62 +173,93 @@ def test_out_of_range_parameters_name_the_field(kwargs: dict[str, Any], field: s
         SamplingParams(**kwargs)
 
 
-def test_failing_request_fails_alone(engine: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    poison = 4242
-    execute = engine.core.runner.execute
-
-    def flaky(work: Any) -> torch.Tensor:
-        if any(poison in w.token_ids for w in work):
-            raise RuntimeError("poisoned batch")
-        return execute(work)
-
-    monkeypatch.setattr(engine.core.runner, "execute", flaky)
-    outs = engine.generate([[1, 2, 3], [5, poison, 6], [7, 8]], GREEDY)
+def test_failing_request_fails_alone(fake: tuple[LLM, FakeRunner]) -> None:
+    llm, runner = fake
+    runner.poison = {299}
+    outs = llm.generate([[5, 6, 7], [8, 299, 9], [10, 11]], GREEDY)
     assert outs[1].finish_reason is FinishReason.ERROR
     assert outs[1].error is not None and "poisoned" in outs[1].error
     assert [o.finish_reason for o in (outs[0], outs[2])] == [FinishReason.LENGTH] * 2
     assert all(len(o.token_ids) == GREEDY.max_tokens for o in (outs[0], outs[2]))
 
 
-@pytest.mark.parametrize("engine", [{"max_waiting_requests": 2}], indirect=True)
-def test_full_queue_is_refused_at_once(engine: LLM) -> None:
-    outputs: list[Any] = []
+def _run(core: EngineCore) -> None:
+    while core.has_work:
+        core.step()
+
+
+@pytest.mark.parametrize("fake", [{"max_waiting_requests": 2}], indirect=True)
+def test_full_queue_is_refused_at_once(llm: LLM) -> None:
+    outputs: list[RequestOutput] = []
     for i in range(2):
-        engine.core.add_request(f"q{i}", [1, 2, 3], GREEDY, outputs.append)
+        llm.core.add_request(f"q{i}", [1, 2, 3], GREEDY, outputs.append)
     with pytest.raises(QueueFullError, match="max_waiting_requests"):
-        engine.core.add_request("q2", [1, 2, 3], GREEDY, outputs.append)
-    while engine.core.has_work:
-        engine.core.step()
+        llm.core.add_request("q2", [1, 2, 3], GREEDY, outputs.append)
+    _run(llm.core)
     assert sum(o.finished for o in outputs) == 2
 
 
-@pytest.mark.parametrize("engine", [{"enable_prefix_caching": False, "max_num_batched_tokens": 16}], indirect=True)
-def test_stats_count_prompt_and_generated_tokens(engine: LLM) -> None:
+def test_a_request_id_in_flight_is_refused_and_free_again_when_done(llm: LLM) -> None:
+    outputs: list[RequestOutput] = []
+    llm.core.add_request("same", [1, 2, 3], GREEDY, outputs.append)
+    with pytest.raises(ValueError, match="already in flight"):
+        llm.core.add_request("same", [4], GREEDY, outputs.append)
+    _run(llm.core)
+    llm.core.add_request("same", [4], GREEDY, outputs.append)
+    _run(llm.core)
+    assert sum(o.finished for o in outputs) == 2
+
+
+def test_abort_ends_the_request_and_frees_its_blocks(llm: LLM) -> None:
+    outputs: list[RequestOutput] = []
+    llm.core.add_request("a", list(range(3, 40)), SamplingParams(max_tokens=50, ignore_eos=True), outputs.append)
+    llm.core.step()
+    assert llm.core.block_manager.num_used_blocks > 0
+    llm.core.abort("a")
+    llm.core.step()
+    assert outputs[-1].finish_reason is FinishReason.ABORT and not llm.core.has_work
+
+
+def test_fail_all_ends_every_live_request(llm: LLM) -> None:
+    outputs: list[RequestOutput] = []
+    for i in range(3):
+        llm.core.add_request(f"r{i}", [3 + i, 4], SamplingParams(max_tokens=50, ignore_eos=True), outputs.append)
+    llm.core.step()
+    llm.core.fail_all(RuntimeError("the step loop broke"))
+    finals = [o for o in outputs if o.finished]
+    assert len(finals) == 3 and all(o.finish_reason is FinishReason.ERROR for o in finals)
+    assert all(o.error is not None and "the step loop broke" in o.error for o in finals)
+
+
+@pytest.mark.parametrize("fake", [{"enable_prefix_caching": False, "max_num_batched_tokens": 16}], indirect=True)
+def test_stats_count_prompt_and_generated_tokens(llm: LLM) -> None:
     prompts = _prompts()[:4]
-    outputs = engine.generate(prompts, GREEDY)
-    stats = engine.core.stats()
+    outputs = llm.generate(prompts, GREEDY)
+    stats = llm.core.stats()
     assert stats.num_prompt_tokens_total == sum(len(p) for p in prompts)
     assert stats.num_generation_tokens_total == sum(len(o.token_ids) for o in outputs)
     assert stats.num_running == stats.num_waiting == stats.num_blocks_used == 0
 
 
-def test_queued_tokens_count_requests_the_scheduler_has_not_seen(engine: LLM) -> None:
+def test_queued_tokens_count_requests_the_scheduler_has_not_seen(llm: LLM) -> None:
     prompts = _prompts()[:3]
-    outputs: list[Any] = []
+    outputs: list[RequestOutput] = []
     for i, prompt in enumerate(prompts):
-        engine.core.add_request(f"q{i}", prompt, GREEDY, outputs.append)
+        llm.core.add_request(f"q{i}", prompt, GREEDY, outputs.append)
     # nothing has stepped: the requests are still in the engine's inbox, yet they are work ahead of a newcomer
-    assert engine.core.stats().queued_tokens == sum(len(p) for p in prompts)
-    engine.core.prefill_throughput.tokens_per_s = 100.0
-    assert engine.core.predict_ttft_s(10) == pytest.approx((sum(len(p) for p in prompts) + 10) / 100)
-    while engine.core.has_work:
-        engine.core.step()
-    assert sum(o.finished for o in outputs) == 3 and engine.core.stats().queued_tokens == 0
+    assert llm.core.stats().queued_tokens == sum(len(p) for p in prompts)
+    assert llm.core.stats().num_waiting == 3
+    llm.core.counters.prefill_throughput.tokens_per_s = 100.0
+    assert llm.core.predict_ttft_s(10) == pytest.approx((sum(len(p) for p in prompts) + 10) / 100)
+    _run(llm.core)
+    assert sum(o.finished for o in outputs) == 3 and llm.core.stats().queued_tokens == 0
 
 
-def test_predicted_ttft_uses_the_prefill_rate_not_the_decode_rate(engine: LLM) -> None:
+def test_predicted_ttft_uses_the_prefill_rate_not_the_decode_rate(fake: tuple[LLM, FakeRunner]) -> None:
+    llm, runner = fake
+    runner.step_s = 0.002  # a forward pass costs about the same for one token or a chunk, as on a real CPU
     # one long prefill, then many one-token decode steps: the rate of all tokens falls to the decode rate
-    engine.generate([list(range(1000, 1200))], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
-    core = engine.core
-    assert core.prefill_throughput.tokens_per_s > 5 * core.throughput.tokens_per_s
-    assert core.predict_ttft_s(500) == pytest.approx(500 / core.prefill_throughput.tokens_per_s)
+    llm.generate([list(range(3, 203))], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    counters = llm.core.counters
+    assert counters.prefill_throughput.tokens_per_s > 5 * counters.throughput.tokens_per_s
+    assert llm.core.predict_ttft_s(500) == pytest.approx(500 / counters.prefill_throughput.tokens_per_s)

@@ -1,0 +1,63 @@
+"""The engine as the server sees it: `EngineClient`, the one interface `infer.server` uses.
+
+`AsyncEngine` implements it. The server imports the engine only through `infer.engine` (this protocol and
+the plain types it speaks); it never reaches into the engine core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from infer.engine.config import EngineConfig
+from infer.engine.request import RequestOutput
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.stats import EngineStats
+from infer.engine.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the served model is, as clients see it."""
+
+    model_id: str  # the name clients use: the model directory's name
+    model_dir: str
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]  # sorted; generation stops at any of them unless ignore_eos
+    has_chat_template: bool
+
+
+class EngineClient(Protocol):
+    @property
+    def config(self) -> EngineConfig: ...
+
+    @property
+    def model_info(self) -> ModelInfo: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """ValueError naming the field when the request cannot run (empty prompt, too long, bad ids)."""
+        ...
+
+    def predict_ttft_s(self, num_prompt_tokens: int) -> float:
+        """Seconds until a new request's first token, from the work queued ahead of it."""
+        ...
+
+    def stats(self) -> EngineStats: ...
+
+    def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream deltas; ValueError for bad input, QueueFullError when the queue is full."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    async def warmup(self) -> None:
+        """Run one small request so the first real one finds the kernels warm and the rates measured."""
+        ...
+
+    def shutdown(self) -> None: ...
