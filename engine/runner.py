@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from infer import kernels
 from infer.engine.models import CausalLM, StepInput
 from infer.kernels import AttentionMetadata
 
@@ -36,6 +37,7 @@ def kv_cache_bytes_per_block(model: CausalLM, block_size: int, dtype: torch.dtyp
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int) -> None:
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
+        self.sliding_windows = frozenset(model.sliding_windows)
         cfg, weight = model.cfg, model.embed_tokens
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.device, self.dtype = weight.device, weight.dtype
@@ -72,10 +74,13 @@ class ModelRunner:
             query_lens=query_lens,
             context_lens=context_lens,
         )
+        positions_t = torch.tensor(positions, dtype=torch.int64, device=dev)
         step = StepInput(
             input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            positions=positions_t,
             attn=attn,
+            attn_plan=kernels.plan_attention(attn, self.kv_caches[0][0], self.sliding_windows),
+            rope=self.model.rope_angles(positions_t),
             kv_caches=self.kv_caches,
         )
         sample_rows = [starts[i + 1] - 1 for i, w in enumerate(work) if w.needs_logits]

@@ -8,8 +8,8 @@ block tables, so a sequence's context may live in any physical blocks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,8 +38,6 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [num_seqs] int32: context length including the new tokens
     query_lens: tuple[int, ...]  # host copy of the per-sequence query lengths
     context_lens: tuple[int, ...]  # host copy of seq_lens
-    # per-step work shared by all layers of the reference path (built at the first layer)
-    ref_plan_cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_seqs(self) -> int:
@@ -118,15 +116,28 @@ def _gather_context(
 
 
 @dataclass(frozen=True)
-class _DecodeGroup:
+class DecodeGroup:
     """Decode tokens of sequences with similar context lengths, gathered together."""
 
     rows: torch.Tensor | slice  # rows of the flat batch: a slice when consecutive (no gather, no scatter)
     tables: torch.Tensor  # [n, num_blocks_used]
-    q_pos: torch.Tensor  # [n, 1, 1, 1] position of each query
-    k_pos: torch.Tensor  # [1, 1, 1, num_blocks_used * block_size]
-    masks: dict[int | None, torch.Tensor]  # per sliding window: [n, 1, 1, kv_len], memoised
-    workspace: list[torch.Tensor]  # gathered K and V, reused by every layer of the step
+    masks: dict[int | None, torch.Tensor]  # per sliding window of the model: [n, 1, 1, kv_len] bool
+    workspace: tuple[torch.Tensor, torch.Tensor]  # gathered K and V, reused by every layer of the step
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """The reference path's per-step work, shared by every layer: built once per step by `plan_attention_ref`."""
+
+    decode_groups: tuple[DecodeGroup, ...]
+    starts: tuple[int, ...]  # host copy of query_start_loc
+    all_slots_valid: bool  # no negative slot: the KV write needs no filter
+
+    @property
+    def is_decode_only(self) -> bool:
+        """All tokens are decodes, in one group, in batch order: attention needs no gather or scatter."""
+        groups = self.decode_groups
+        return len(groups) == 1 and isinstance(groups[0].rows, slice) and groups[0].rows == slice(0, self.starts[-1])
 
 
 def _group_by_length(seqs: list[int], lens: tuple[int, ...], max_waste: float = 1.25) -> list[list[int]]:
@@ -143,45 +154,57 @@ def _group_by_length(seqs: list[int], lens: tuple[int, ...], max_waste: float = 
     return groups
 
 
-def _decode_groups(meta: AttentionMetadata, block_size: int) -> list[_DecodeGroup]:
+def _decode_group(
+    meta: AttentionMetadata,
+    seqs: list[int],  # sequences in batch order
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], any layer's
+    sliding_windows: tuple[int | None, ...],
+) -> DecodeGroup:
+    device, block_size = cache.device, cache.shape[1]
     starts = meta.query_start_loc.tolist()
+    num_blocks_used = -(-max(meta.context_lens[i] for i in seqs) // block_size)
+    rows = [starts[i] for i in seqs]
+    span = slice(rows[0], rows[0] + len(rows))
+    q_pos = torch.tensor([meta.context_lens[i] - 1 for i in seqs], device=device).view(-1, 1, 1, 1)
+    k_pos = torch.arange(num_blocks_used * block_size, device=device).view(1, 1, 1, -1)
+    workspace_shape = (len(seqs) * num_blocks_used, *cache.shape[1:])
+    return DecodeGroup(
+        rows=span if rows == list(range(span.start, span.stop)) else torch.tensor(rows, device=device),
+        tables=meta.block_tables[torch.tensor(seqs, device=device), :num_blocks_used].long(),
+        masks={w: _visible(q_pos, k_pos, w) for w in sliding_windows},
+        workspace=(
+            torch.empty(workspace_shape, dtype=cache.dtype, device=device),
+            torch.empty(workspace_shape, dtype=cache.dtype, device=device),
+        ),
+    )
+
+
+def plan_attention_ref(
+    meta: AttentionMetadata,
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], any layer's
+    sliding_windows: Iterable[int | None] = (None,),  # every window the model's layers use
+) -> AttentionPlan:
+    """Once per step: decode groups (by context length), their masks and K/V workspaces, shared by all layers."""
     decodes = [i for i, n in enumerate(meta.query_lens) if n == 1]
-    device = meta.block_tables.device
-    groups = []
-    for group in _group_by_length(decodes, meta.context_lens):
-        num_blocks_used = -(-meta.context_lens[group[0]] // block_size)
-        seqs = sorted(group)  # batch order inside a group: often a plain slice of the batch
-        rows = [starts[i] for i in seqs]
-        span = slice(rows[0], rows[0] + len(rows))
-        index = torch.tensor(seqs, device=device)
-        groups.append(
-            _DecodeGroup(
-                rows=span if rows == list(range(span.start, span.stop)) else torch.tensor(rows, device=device),
-                tables=meta.block_tables[index, :num_blocks_used].long(),
-                q_pos=torch.tensor([meta.context_lens[i] - 1 for i in seqs], device=device).view(-1, 1, 1, 1),
-                k_pos=torch.arange(num_blocks_used * block_size, device=device).view(1, 1, 1, -1),
-                masks={},
-                workspace=[],
-            )
-        )
-    return groups
+    windows = tuple(set(sliding_windows))
+    # batch order inside a group: often a plain slice of the batch
+    groups = [_decode_group(meta, sorted(g), cache, windows) for g in _group_by_length(decodes, meta.context_lens)]
+    starts = tuple(meta.query_start_loc.tolist())
+    return AttentionPlan(tuple(groups), starts, bool((meta.slot_mapping >= 0).all()))
 
 
 def _decode(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    group: _DecodeGroup,
+    group: DecodeGroup,
     spec: AttentionSpec,
 ) -> torch.Tensor:  # [n, num_heads, head_dim]
-    if not group.workspace:
-        shape = (group.tables.numel(), *k_cache.shape[1:])
-        group.workspace.extend(torch.empty(shape, dtype=k_cache.dtype, device=k_cache.device) for _ in range(2))
     k = _gather_context(k_cache, group.tables, group.workspace[0])
     v = _gather_context(v_cache, group.tables, group.workspace[1])
     mask = group.masks.get(spec.sliding_window)
     if mask is None:
-        mask = group.masks[spec.sliding_window] = _visible(group.q_pos, group.k_pos, spec.sliding_window)
+        raise ValueError(f"the attention plan has no mask for sliding window {spec.sliding_window}")
     q = query[group.rows]  # [n, num_heads, head_dim]
     n, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -228,6 +251,7 @@ def paged_attention_ref(
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     meta: AttentionMetadata,
     spec: AttentionSpec,
+    plan: AttentionPlan | None = None,  # the step's plan (`plan_attention_ref`); None = plan this call alone
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Write this step's K/V into the cache, then attend each query to its visible context.
 
@@ -235,19 +259,15 @@ def paged_attention_ref(
     is one call (a loop over sequences, never over tokens).
     """
     assert query.dim() == 3 and key.shape == value.shape and query.shape[0] == meta.num_tokens
-    plan = meta.ref_plan_cache
-    if "decode_groups" not in plan:
-        plan["decode_groups"] = _decode_groups(meta, k_cache.shape[1])
-        plan["starts"] = meta.query_start_loc.tolist()
-        plan["all_slots_valid"] = bool((meta.slot_mapping >= 0).all())
-    write_kv_ref(key, value, k_cache, v_cache, meta.slot_mapping, skip_check=plan["all_slots_valid"])
-    groups: list[_DecodeGroup] = plan["decode_groups"]
-    if len(groups) == 1 and isinstance(groups[0].rows, slice) and groups[0].rows == slice(0, query.shape[0]):
-        return _decode(query, k_cache, v_cache, groups[0], spec)  # a decode-only batch in one group
+    if plan is None:
+        plan = plan_attention_ref(meta, k_cache, (spec.sliding_window,))
+    write_kv_ref(key, value, k_cache, v_cache, meta.slot_mapping, skip_check=plan.all_slots_valid)
+    if plan.is_decode_only:
+        return _decode(query, k_cache, v_cache, plan.decode_groups[0], spec)
     out = torch.empty_like(query)
-    for group in groups:
+    for group in plan.decode_groups:
         out[group.rows] = _decode(query, k_cache, v_cache, group, spec)
-    starts = plan["starts"]
+    starts = plan.starts
     for i, n in enumerate(meta.query_lens):
         if n > 1:
             s, table, ctx = slice(starts[i], starts[i] + n), meta.block_tables[i], meta.context_lens[i]

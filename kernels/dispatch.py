@@ -7,11 +7,25 @@ TRITON_INTERPRET=1 before any kernel is defined.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from infer.kernels import activation, attention, norm, rotary
-from infer.kernels.attention import AttentionMetadata, AttentionSpec
+from infer.kernels.attention import AttentionMetadata, AttentionPlan, AttentionSpec
 from infer.kernels.backend import use_triton
+from infer.kernels.rotary import RotaryAngles
+
+
+def plan_attention(
+    meta: AttentionMetadata,
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], any layer's
+    sliding_windows: Iterable[int | None],  # every window the model's layers use
+) -> AttentionPlan | None:
+    """The step's attention plan, once for all layers; None where the kernel needs none (Triton)."""
+    if use_triton(cache):
+        return None
+    return attention.plan_attention_ref(meta, cache, sliding_windows)
 
 
 def paged_attention(
@@ -22,43 +36,27 @@ def paged_attention(
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     meta: AttentionMetadata,
     spec: AttentionSpec,
+    plan: AttentionPlan | None = None,  # from `plan_attention` (None: the reference plans this call alone)
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Write this step's K/V into the cache, then attend each query to its visible context."""
     if use_triton(query):
         from infer.kernels.attention_triton import paged_attention_triton
 
         return paged_attention_triton(query, key, value, k_cache, v_cache, meta, spec)
-    return attention.paged_attention_ref(query, key, value, k_cache, v_cache, meta, spec)
-
-
-def write_kv(
-    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    slot_mapping: torch.Tensor,  # [num_tokens] int64; a negative slot skips the token
-) -> None:
-    """Store each token's key and value at its physical slot (block * block_size + offset)."""
-    if use_triton(key):
-        from infer.kernels.kv_cache_triton import write_kv_triton
-
-        write_kv_triton(key, value, k_cache, v_cache, slot_mapping)
-    else:
-        attention.write_kv_ref(key, value, k_cache, v_cache, slot_mapping)
+    return attention.paged_attention_ref(query, key, value, k_cache, v_cache, meta, spec, plan)
 
 
 def apply_rotary(
     x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    positions: torch.Tensor,  # [num_tokens] int64
-    cache: torch.Tensor,  # [max_positions, rotary_dim] from cos_sin_cache
+    angles: RotaryAngles,  # the step's positions in one RoPE table (`RotaryAngles.lookup`, once per step)
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; `x` rotates in place
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Neox (half-split) RoPE at explicit positions; into `out` when given."""
     if use_triton(x):
         from infer.kernels.rotary_triton import apply_rotary_triton
 
-        return apply_rotary_triton(x, positions, cache, out)
-    return rotary.apply_rotary_ref(x, positions, cache, out)
+        return apply_rotary_triton(x, angles.positions, angles.cache, out)
+    return rotary.rotate_ref(x, angles, out)
 
 
 def rms_norm(

@@ -54,6 +54,21 @@ def cos_sin_cache(rope: RopeConfig, max_positions: int) -> torch.Tensor:
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
 
 
+@dataclass(frozen=True)
+class RotaryAngles:
+    """One RoPE table looked up at a step's positions, once per step: every layer using the table shares it."""
+
+    positions: torch.Tensor  # [num_tokens] int64
+    cache: torch.Tensor  # [max_positions, rotary_dim] from cos_sin_cache
+    cos: torch.Tensor  # [num_tokens, 1, rotary_dim]: (cos, cos)
+    sin: torch.Tensor  # [num_tokens, 1, rotary_dim]: (-sin, sin), to rotate with one multiply-add
+
+    @classmethod
+    def lookup(cls, positions: torch.Tensor, cache: torch.Tensor) -> RotaryAngles:
+        cos, sin = cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        return cls(positions, cache, torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1))
+
+
 def apply_rotary_ref(
     x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     positions: torch.Tensor,  # [num_tokens] int64
@@ -61,32 +76,25 @@ def apply_rotary_ref(
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; `x` rotates in place
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], neox (half-split) rotation
     """Rotate `x` by the angles of its tokens' positions; into `out` when given."""
-    rotated = _rotate(x, positions, cache)
+    return rotate_ref(x, RotaryAngles.lookup(positions, cache), out)
+
+
+def rotate_ref(
+    x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    angles: RotaryAngles,
+    out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; `x` rotates in place
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """`apply_rotary_ref` with the angles already looked up."""
+    rotated = _rotate(x, angles)
     return rotated if out is None else out.copy_(rotated)
-
-
-# NOTE: every layer of a step rotates at the same positions: remember the last lookup per table
-_last_angles: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-
-def _angles(positions: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[num_tokens, 1, rotary_dim] each: (cos, cos) and (-sin, sin), to rotate with one multiply-add."""
-    hit = _last_angles.get(id(cache))
-    if hit is not None and hit[0] is positions and hit[1] is cache:
-        return hit[2], hit[3]
-    cos, sin = cache[positions].unsqueeze(1).chunk(2, dim=-1)
-    cos2, sin2 = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
-    _last_angles[id(cache)] = (positions, cache, cos2, sin2)
-    return cos2, sin2
 
 
 def _rotate(
     x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    positions: torch.Tensor,  # [num_tokens] int64
-    cache: torch.Tensor,  # [max_positions, rotary_dim]
+    angles: RotaryAngles,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    cos, sin = _angles(positions, cache)  # [num_tokens, 1, rotary_dim] each
-    rotary_dim = cache.shape[-1]
+    cos, sin = angles.cos, angles.sin  # [num_tokens, 1, rotary_dim] each
+    rotary_dim = angles.cache.shape[-1]
     rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
     x1, x2 = rot.chunk(2, dim=-1)
     # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), as x * (cos, cos) + (x2, x1) * (-sin, sin)

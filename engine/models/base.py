@@ -15,16 +15,18 @@ from torch import nn
 
 from infer import kernels
 from infer.engine.model_config import ModelConfig
-from infer.kernels import AttentionMetadata, AttentionSpec
+from infer.kernels import AttentionMetadata, AttentionPlan, AttentionSpec, RotaryAngles
 
 
 @dataclass(frozen=True)
 class StepInput:
-    """What one forward pass reads besides the weights."""
+    """What one forward pass reads besides the weights; per-step work shared by the layers is done once here."""
 
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
     attn: AttentionMetadata
+    attn_plan: AttentionPlan | None  # from kernels.plan_attention; None where the kernel needs none
+    rope: tuple[RotaryAngles, ...]  # per RoPE table of the model (CausalLM.rope_angles)
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: [num_blocks, block_size, kv_heads, hd]
 
 
@@ -56,7 +58,7 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,  # [num_tokens, hidden]
         step: StepInput,
-        rope_cache: torch.Tensor,  # [max_positions, rotary_dim]
+        rope: RotaryAngles,  # this layer's RoPE table at the step's positions
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:  # [num_tokens, hidden]
         cfg = self.cfg
@@ -66,13 +68,13 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(qkv[:, : cfg.q_size].view(-1, num_heads, head_dim))  # [num_tokens, heads, head_dim]
             k = self.k_norm(qkv[:, cfg.q_size : cfg.q_size + cfg.kv_size].view(-1, num_kv_heads, head_dim))
-            q = kernels.apply_rotary(q, step.positions, rope_cache)
-            k = kernels.apply_rotary(k, step.positions, rope_cache)
+            q = kernels.apply_rotary(q, rope)
+            k = kernels.apply_rotary(k, rope)
         else:
             # one rotation for q and k together: they are adjacent in the fused projection
             qk = qkv[:, : cfg.q_size + cfg.kv_size].view(-1, num_heads + num_kv_heads, head_dim)
-            q, k = torch.split(kernels.apply_rotary(qk, step.positions, rope_cache), [num_heads, num_kv_heads], dim=1)
-        out = kernels.paged_attention(q, k, v, kv_cache[0], kv_cache[1], step.attn, self.spec)
+            q, k = torch.split(kernels.apply_rotary(qk, rope), [num_heads, num_kv_heads], dim=1)
+        out = kernels.paged_attention(q, k, v, kv_cache[0], kv_cache[1], step.attn, self.spec, step.attn_plan)
         return F.linear(out.reshape(-1, cfg.q_size), self.o_proj)
 
 
@@ -107,10 +109,10 @@ class DecoderLayer(nn.Module):
         self,
         x: torch.Tensor,  # [num_tokens, hidden]
         step: StepInput,
-        rope_cache: torch.Tensor,
+        rope: RotaryAngles,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        attn: torch.Tensor = self.self_attn(self.input_layernorm(x), step, rope_cache, kv_cache)
+        attn: torch.Tensor = self.self_attn(self.input_layernorm(x), step, rope, kv_cache)
         if not self.sandwich:
             # pre-norm (Llama, Qwen3)
             norm = self.post_attention_layernorm
@@ -145,12 +147,21 @@ class CausalLM(nn.Module):
         self.rope_caches = [c.to(device) for c in self.rope_caches]
         return self
 
+    @property
+    def sliding_windows(self) -> tuple[int | None, ...]:
+        """The attention window of every layer (None = global)."""
+        return tuple(self.cfg.sliding_windows)
+
+    def rope_angles(self, positions: torch.Tensor) -> tuple[RotaryAngles, ...]:  # positions: [num_tokens] int64
+        """Each RoPE table looked up at the step's positions: once per step, for every layer."""
+        return tuple(RotaryAngles.lookup(positions, cache) for cache in self.rope_caches)
+
     def forward(self, step: StepInput) -> torch.Tensor:  # [num_tokens, hidden]
         x = F.embedding(step.input_ids, self.embed_tokens)
         if self.cfg.embed_scale != 1.0:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, step, self.rope_caches[self.rope_index[i]], step.kv_caches[i])
+            x = layer(x, step, step.rope[self.rope_index[i]], step.kv_caches[i])
         hidden: torch.Tensor = self.norm(x)
         return hidden
 
