@@ -13,7 +13,12 @@ from infer.clients.proto.v1 import inference_pb2 as pb
 # text, token ids, or chat messages ({"role": ..., "content": ...})
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
 
-FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name  # "infer.v1.InferenceService"
+FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}  # proto -> OpenAI's words
+# the proto3 `optional` sampling fields: unset = the server's default
+OPTIONAL_SAMPLING_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in pb.SamplingParams.DESCRIPTOR.fields if f.has_presence and f.message_type is None
+)
 
 
 class InferError(Exception):

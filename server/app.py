@@ -4,26 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.clients.types import SERVICE_NAME
 from infer.engine import AsyncEngine, EngineClient, EngineStats
 from infer.server.gateway.app import GatewayConfig, GatewayServer, local_upstream
 from infer.server.lifecycle import Lifecycle
 from infer.server.servicer import InferenceServicer
 from infer.server.settings import ServerConfig
+from infer.server.signals import run_until_signal
 from infer.server.telemetry import Telemetry, make_span_exporter
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAMES = (
-    pb.DESCRIPTOR.services_by_name["InferenceService"].full_name,
+    SERVICE_NAME,
     health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
     reflection.SERVICE_NAME,
 )
@@ -108,22 +108,19 @@ class InferenceServer:
 async def serve(config: ServerConfig) -> int:
     """`infer serve`: run until SIGTERM or SIGINT, then drain and exit 0; 1 when the model fails to load."""
     server = InferenceServer(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await server.start()
     gateway = await _start_gateway(config, server.port)
-    load = asyncio.create_task(server.load())
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({load, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if load.done() and load.exception() is not None:
-        logger.error("model failed to load: %s", load.exception())
-        stopping.cancel()
+
+    async def load_and_serve() -> None:
+        await server.load()
+        await asyncio.Event().wait()  # serve until a signal cancels us
+
+    try:
+        await run_until_signal(load_and_serve())  # a signal during loading: stop without serving
+    except Exception as e:
+        logger.error("model failed to load: %s", e)
         await asyncio.gather(server.stop(grace_s=0), *([gateway.stop()] if gateway else []))
         return 1
-    await stopping
-    load.cancel()  # a signal during loading: stop without serving
     logger.info("signal received: draining (grace %.1f s)", config.shutdown_grace_s)
     await asyncio.gather(server.stop(), *([gateway.stop()] if gateway else []))
     return 0

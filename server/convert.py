@@ -5,18 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.clients.types import OPTIONAL_SAMPLING_FIELDS
 from infer.engine import EngineClient, FinishReason, RequestOutput, SamplingParams, Tokenizer, TokenLogprob
 
-_OPTIONAL_FIELDS = (
-    "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-    "frequency_penalty", "seed", "min_tokens", "logprobs", "skip_special_tokens",
-)  # fmt: skip
 _FINISH_REASONS = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH}
 
 
 def sampling_params(proto: pb.SamplingParams) -> SamplingParams:
     """Engine parameters; unset fields keep the engine defaults. ValueError names the field (`sampling.top_p`)."""
-    values: dict[str, Any] = {name: getattr(proto, name) for name in _OPTIONAL_FIELDS if proto.HasField(name)}
+    values: dict[str, Any] = {name: getattr(proto, name) for name in OPTIONAL_SAMPLING_FIELDS if proto.HasField(name)}
     values |= {"stop": tuple(proto.stop), "stop_token_ids": tuple(proto.stop_token_ids), "ignore_eos": proto.ignore_eos}
     try:
         return SamplingParams(**values)

@@ -139,6 +139,14 @@ class GatewayServer:
         if self._task is not None:
             await asyncio.shield(self._task)
 
+    async def run(self) -> None:
+        """Start, serve until cancelled (or until uvicorn stops by itself), then stop gracefully."""
+        await self.start()
+        try:
+            await self.wait()
+        finally:
+            await self.stop()
+
     async def stop(self) -> None:
         """Stop accepting, let open responses finish (up to shutdown_grace_s, then cancel them), close."""
         if self._server is None or self._task is None:
@@ -159,10 +167,4 @@ async def run_gateway(
     shutdown_grace_s: float = 30.0,
 ) -> None:
     """Serve the gateway until cancelled (`asyncio.run` cancels on SIGINT), then stop gracefully."""
-    config = GatewayConfig(upstream, host, port, model_id, timeout_s, shutdown_grace_s)
-    server = GatewayServer(config)
-    await server.start()
-    try:
-        await server.wait()
-    finally:
-        await server.stop()
+    await GatewayServer(GatewayConfig(upstream, host, port, model_id, timeout_s, shutdown_grace_s)).run()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 from typing import Any
 
 from infer.server.gateway.app import DEFAULT_TIMEOUT_S, GatewayConfig, GatewayServer
+from infer.server.signals import run_until_signal
 
 
 def _optional_seconds(text: str) -> float | None:
@@ -70,17 +70,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
 
 async def serve_gateway(config: GatewayConfig) -> None:
     """Serve until SIGTERM or SIGINT, then stop gracefully."""
-    server = GatewayServer(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    serving = asyncio.create_task(server.wait())
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    await server.stop()
+    await run_until_signal(GatewayServer(config).run())
 
 
 def run_gateway_command(args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
         self.type = type or _TYPES.get(status, "server_error")
+        self.is_upstream = False  # True when the model server refused or failed the call (`from_grpc`)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -86,7 +87,12 @@ def _invalid_argument(details: str) -> APIError:
 
 def from_grpc(error: grpc.aio.AioRpcError | grpc.RpcError) -> APIError:
     """The HTTP error for a failed upstream call."""
-    code, details = error.code(), error.details() or ""
+    api_error = _from_status(error.code(), error.details() or "")
+    api_error.is_upstream = True
+    return api_error
+
+
+def _from_status(code: grpc.StatusCode, details: str) -> APIError:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return _invalid_argument(details)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from infer.server.gateway.errors import APIError
 from infer.server.gateway.render import Choice
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
@@ -38,11 +39,16 @@ class GatewayMetrics:
             "infer_gateway_completion_tokens", "tokens generated for finished requests", registry=r
         )
         self.upstream_errors = Counter(
-            "infer_gateway_upstream_errors", "requests refused or failed, by HTTP status", ["status"], registry=r
-        )
+            "infer_gateway_upstream_errors", "calls the model server refused or failed, by the HTTP status answered",
+            ["status"], registry=r,
+        )  # fmt: skip
         self.disconnects = Counter(
             "infer_gateway_client_disconnects", "clients gone before their response ended", registry=r
         )
+
+    def record_error(self, error: APIError) -> None:
+        if error.is_upstream:
+            self.upstream_errors.labels(str(error.status)).inc()
 
     def record_usage(self, choices: Sequence[Choice], n: int) -> None:
         self.prompt_tokens.inc(sum(c.usage.prompt_tokens for c in choices[::n] if c.usage is not None))

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.clients.types import FINISH_REASONS
 
-FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 LOGPROB_FLOOR = -9999.0  # NOTE: JSON has no -inf; OpenAI-compatible servers clamp to this
 Json = dict[str, Any]
 

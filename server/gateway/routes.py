@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -95,6 +96,7 @@ class Routes:
         try:
             response = await handler(request, request_id)
         except APIError as e:
+            self.metrics.record_error(e)
             if e.status >= 500:
                 logger.warning("%s %s -> %d: %s", request.method, request.url.path, e.status, e.message)
             return e.response(headers)
@@ -149,7 +151,8 @@ class Routes:
         if body.stream:
             opened = await unless_disconnected(request.receive, start(self.upstream, requests, metadata))
             self.metrics.ttft.labels(request.url.path).observe(time.monotonic() - started_s)
-            events = sse_events(opened, fmt, lambda choices: self.metrics.record_usage(choices, body.n))
+            on_done = functools.partial(self.metrics.record_usage, n=body.n)
+            events = sse_events(opened, fmt, on_done, self.metrics.record_error)
             return EventStreamResponse(events, {}, on_disconnect=self.metrics.disconnects.inc)
         choices = await unless_disconnected(request.receive, self._complete(requests, metadata))
         self.metrics.record_usage(choices, body.n)

@@ -123,7 +123,10 @@ def sse(data: Mapping[str, Any]) -> bytes:
 
 
 async def sse_events(
-    streams: Sequence[ChoiceStream], fmt: Format, on_done: Callable[[Sequence[Choice]], None]
+    streams: Sequence[ChoiceStream],
+    fmt: Format,
+    on_done: Callable[[Sequence[Choice]], None],
+    on_error: Callable[[APIError], None],
 ) -> AsyncGenerator[bytes]:
     """The SSE body: chunks, the usage chunk when asked, `[DONE]`; an error mid-stream is one error event."""
     choices = [Choice(s.index) for s in streams]
@@ -138,6 +141,7 @@ async def sse_events(
             yield sse(fmt.usage_chunk(choices))
         on_done(choices)
     except APIError as e:
+        on_error(e)
         yield sse(e.body())
     yield DONE
 

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.clients.types import OPTIONAL_SAMPLING_FIELDS
 from infer.server.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, Sampling
 
 _ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
-_OPTIONAL = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-             "frequency_penalty", "min_tokens", "skip_special_tokens")  # fmt: skip
+# the optional fields a body carries under the proto's names; max_tokens and logprobs differ per endpoint
+_FROM_BODY = tuple(name for name in OPTIONAL_SAMPLING_FIELDS if name not in ("max_tokens", "logprobs"))
 
 
 def sampling_params(body: Sampling, max_tokens: int | None, logprobs: int | None) -> pb.SamplingParams:
     """The shared fields; unset ones stay unset (the server's defaults)."""
     params = pb.SamplingParams(stop=body.stop_strings, stop_token_ids=body.stop_token_ids or (),
                                ignore_eos=body.ignore_eos)  # fmt: skip
-    for name in _OPTIONAL:
+    for name in _FROM_BODY:
         value = getattr(body, name)
         if value is not None:
             setattr(params, name, value)
@@ -22,8 +23,6 @@ def sampling_params(body: Sampling, max_tokens: int | None, logprobs: int | None
         params.max_tokens = max_tokens
     if logprobs is not None:
         params.logprobs = logprobs
-    if body.seed is not None:
-        params.seed = body.seed
     return params
 
 

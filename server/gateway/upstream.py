@@ -10,9 +10,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.clients.types import SERVICE_NAME
 from infer.server.gateway.errors import from_grpc
 
-SERVICE_NAME = "infer.v1.InferenceService"
 UNARY_TIMEOUT_S = 10.0
 Metadata = Sequence[tuple[str, str]]
 GenerateCall = Any  # grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]; grpc ships no stubs

@@ -139,3 +139,16 @@ def test_async_client(fake: tuple[str, FakeServicer]) -> None:
 
     asyncio.run(main())
     assert servicer.cancelled.wait(5)
+
+
+def test_optional_sampling_fields_come_from_the_proto() -> None:
+    from dataclasses import fields
+
+    from infer.clients.types import OPTIONAL_SAMPLING_FIELDS, Sampling
+
+    assert set(OPTIONAL_SAMPLING_FIELDS) == {
+        "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+        "frequency_penalty", "seed", "min_tokens", "logprobs", "skip_special_tokens",
+    }  # fmt: skip
+    typed = {f.name for f in fields(Sampling)}
+    assert set(OPTIONAL_SAMPLING_FIELDS) <= typed  # the typed client offers every one of them

@@ -5,6 +5,7 @@ logprobs formats, health, models, metrics, and client disconnects (which cancel 
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import openai
@@ -166,6 +167,23 @@ def test_metrics_count_requests_by_status(http: httpx.Client) -> None:
     assert 'infer_gateway_requests_total{endpoint="/v1/completions",status="429"}' in text
     assert 'infer_gateway_time_to_first_token_seconds_count{endpoint="/v1/chat/completions"}' in text
     assert "infer_gateway_completion_tokens_total" in text and "infer_gateway_requests_in_flight" in text
+
+
+def _upstream_errors(http: httpx.Client) -> dict[str, float]:
+    lines = http.get("/metrics").text.splitlines()
+    found = (re.match(r'infer_gateway_upstream_errors_total\{status="(\d+)"\} (\S+)', line) for line in lines)
+    return {m.group(1): float(m.group(2)) for m in found if m}
+
+
+def test_metrics_count_upstream_errors_by_status(http: httpx.Client) -> None:
+    before = _upstream_errors(http)
+    http.post(COMPLETIONS, json=completion_body(prompt="status:UNAVAILABLE"))  # refused before the response
+    http.post(COMPLETIONS, json=completion_body(prompt="fail-midway", stream=True))  # failed mid-stream
+    http.post(COMPLETIONS, json=completion_body(model="no-such-model"))  # the gateway's own 404: not upstream
+    after = _upstream_errors(http)
+    assert after.get("503", 0) - before.get("503", 0) == 1
+    assert after.get("500", 0) - before.get("500", 0) == 1
+    assert "404" not in after
 
 
 # client disconnects
