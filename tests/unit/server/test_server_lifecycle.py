@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -73,3 +74,15 @@ def test_drain_gives_up_after_the_grace_period() -> None:
             return await lifecycle.drain(grace_s=0.05)
 
     assert asyncio.run(main()) is False
+
+
+def test_serve_exits_1_when_the_model_fails_to_load(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from infer.engine import EngineConfig
+    from infer.server.app import serve
+    from infer.server.settings import ServerConfig
+
+    config = ServerConfig(
+        engine=EngineConfig(model=str(tmp_path / "missing")), grpc_port=0, metrics_port=None, http_port=None
+    )
+    assert asyncio.run(serve(config)) == 1
+    assert "model failed to load" in caplog.text
