@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 import torch
 
 from infer.engine.validation import check
 
+DEFAULT_MAX_MODEL_LEN = 2048  # when the model allows as much
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # a Hugging Face directory; None = the default model
-    max_model_len: int = 2048  # prompt + generated tokens of one request
+    max_model_len: int = 0  # prompt + generated tokens of one request; 0 = min(2048, the model's max positions)
     max_num_seqs: int = 64  # requests running at once
     max_num_batched_tokens: int = 512  # token budget of one step
     block_size: int = 16  # tokens per KV block
@@ -32,10 +33,11 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        positive = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                    "kv_cache_memory_bytes", "max_waiting_requests")  # fmt: skip
+        positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes",
+                    "max_waiting_requests")  # fmt: skip
         for name in positive:
             check(name, int(getattr(self, name)) > 0, "must be > 0")
+        check("max_model_len", self.max_model_len >= 0, "must be >= 0 (0 = the smaller of 2048 and the model's)")
         check("num_blocks", self.num_blocks is None or self.num_blocks > 0, "must be > 0")
         check("batching", self.batching in ("continuous", "static"), "must be 'continuous' or 'static'")
         check("kv_reserve", self.kv_reserve in ("paged", "full"), "must be 'paged' or 'full'")
@@ -48,6 +50,15 @@ class EngineConfig:
             torch.device(self.device)
         except RuntimeError:
             raise ValueError(f"device: {self.device!r} is not a torch device") from None
+
+    def for_model(self, max_position_embeddings: int) -> EngineConfig:
+        """This config with max_model_len settled for a model: 0 becomes min(2048, the model's); a larger
+        value than the model's is an error."""
+        if self.max_model_len == 0:
+            return replace(self, max_model_len=min(DEFAULT_MAX_MODEL_LEN, max_position_embeddings))
+        check("max_model_len", self.max_model_len <= max_position_embeddings,
+              f"must be <= the model's max_position_embeddings ({max_position_embeddings})")  # fmt: skip
+        return self
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -78,6 +78,7 @@ def resolve_model_dir(model: str | None) -> Path:
 class EngineCore:
     def __init__(self, config: EngineConfig, runner: Runner, tokenizer: Tokenizer, model_info: ModelInfo) -> None:
         """An engine over its parts: tests pass a fake runner; `from_config` loads the real ones."""
+        check("max_model_len", config.max_model_len > 0, "must be settled for the model (EngineConfig.for_model)")
         check("num_blocks", runner.num_blocks >= config.max_blocks_per_seq,
               f"the KV pool ({runner.num_blocks} blocks) must hold one max_model_len request "
               f"({config.max_blocks_per_seq} blocks)")  # fmt: skip
@@ -99,9 +100,7 @@ class EngineCore:
 
         model_dir = resolve_model_dir(config.model)
         model_config = load_model_config(model_dir)
-        max_positions = model_config.max_position_embeddings
-        check("max_model_len", config.max_model_len <= max_positions,
-              f"must be <= the model's max_position_embeddings ({max_positions})")  # fmt: skip
+        config = config.for_model(model_config.max_position_embeddings)
         tokenizer = Tokenizer.from_dir(model_dir)
         model = load_model(model_dir, config.torch_dtype, config.device, config.max_model_len)
         block_bytes = kv_cache_bytes_per_block(model, config.block_size, config.torch_dtype)
@@ -117,13 +116,15 @@ class EngineCore:
 
     # intake (thread-safe)
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        check("prompt", len(prompt_token_ids) > 0, "must not be empty")
-        vocab = self.model_info.vocab_size
+        num_prompt, max_model_len, vocab = len(prompt_token_ids), self.config.max_model_len, self.model_info.vocab_size
+        check("prompt", num_prompt > 0, "must not be empty")
+        check("prompt", num_prompt < max_model_len,
+              f"{num_prompt} tokens exceeds max_model_len ({max_model_len}) less one token to generate")  # fmt: skip
         check("prompt_token_ids", all(0 <= t < vocab for t in prompt_token_ids), f"ids must be in [0, {vocab})")
-        total = len(prompt_token_ids) + params.max_tokens
-        check("max_tokens", total <= self.config.max_model_len,
-              f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-              f"max_model_len ({self.config.max_model_len})")  # fmt: skip
+        check("stop_token_ids", all(0 <= t < vocab for t in params.stop_token_ids), f"ids must be in [0, {vocab})")
+        check("max_tokens", num_prompt + params.max_tokens <= max_model_len,
+              f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds "
+              f"max_model_len ({max_model_len})")  # fmt: skip
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, sink: Sink) -> None:
         """Validate and enqueue; ValueError for bad input, QueueFullError when the queue is full."""

@@ -20,7 +20,7 @@ def _add_model_arg(parser: argparse.ArgumentParser) -> None:
 def _generate(args: argparse.Namespace) -> int:
     from infer.engine import LLM, SamplingParams
 
-    llm = LLM(args.model, max_model_len=args.max_model_len, num_blocks=None)
+    llm = LLM(args.model, max_model_len=args.max_model_len)
     prompt = llm.tokenizer.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     for delta in llm.stream(prompt, params):
@@ -77,7 +77,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    gen.add_argument("--max-model-len", type=int, default=2048)
+    gen.add_argument("--max-model-len", type=int, default=0, help="0 = the smaller of 2048 and the model's")
     gen.set_defaults(func=_generate)
     _add_serve_parser(sub, with_settings=argv is None or "serve" in argv)
     add_client_parser(sub)

@@ -98,7 +98,7 @@ SETTINGS: tuple[Setting, ...] = (
         TRACE_EXPORTERS,
     ),
     Setting("model", _optional_str, "a Hugging Face model directory (default: SmolLM2-135M-Instruct)"),
-    Setting("max_model_len", int, "prompt + generated tokens of one request"),
+    Setting("max_model_len", int, "prompt + generated tokens of one request (0 = min(2048, the model's))"),
     Setting("max_num_seqs", int, "requests running at once"),
     Setting("max_num_batched_tokens", int, "token budget of one engine step"),
     Setting("block_size", int, "tokens per KV-cache block"),

@@ -263,3 +263,32 @@ def test_predicted_ttft_uses_the_prefill_rate_not_the_decode_rate(fake: tuple[LL
     counters = llm.core.counters
     assert counters.prefill_throughput.tokens_per_s > 5 * counters.throughput.tokens_per_s
     assert llm.core.predict_ttft_s(500) == pytest.approx(500 / counters.prefill_throughput.tokens_per_s)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "field", "message"),
+    [
+        (list(range(3, 259)), SamplingParams(max_tokens=1), "prompt", "256 tokens exceeds max_model_len"),
+        ([5, 6], SamplingParams(max_tokens=255), "max_tokens", r"prompt \(2 tokens\) \+ max_tokens \(255\)"),
+        ([5, 6], SamplingParams(stop_token_ids=(10**6,)), "stop_token_ids", r"ids must be in \[0, "),
+    ],
+    ids=["prompt-alone-too-long", "prompt-plus-max-tokens", "out-of-vocab-stop-token"],
+)
+def test_validation_names_the_field_at_fault(
+    llm: LLM, prompt: list[int], params: SamplingParams, field: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{field}: .*{message}"):
+        llm.core.validate(prompt, params)
+
+
+def test_an_unsettled_max_model_len_is_refused() -> None:
+    from infer.engine.config import EngineConfig
+
+    assert EngineConfig().max_model_len == 0  # "the smaller of 2048 and the model's", settled at load
+    assert EngineConfig().for_model(1024).max_model_len == 1024
+    assert EngineConfig().for_model(8192).max_model_len == 2048
+    assert EngineConfig(max_model_len=4096).for_model(8192).max_model_len == 4096
+    with pytest.raises(ValueError, match="max_model_len: must be <= the model's max_position_embeddings"):
+        EngineConfig(max_model_len=4096).for_model(1024)
+    with pytest.raises(ValueError, match="max_model_len: must be settled"):
+        fake_core(max_model_len=0)
