@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -15,6 +16,8 @@ Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name  # "infer.v1.InferenceService"
 FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}  # proto -> OpenAI's words
+REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")  # a request id: 1 to 128 visible ASCII characters
+CHAT_ROLES = ("system", "developer", "user", "assistant")  # "developer" = OpenAI's newer name for system
 # the proto3 `optional` sampling fields: unset = the server's default
 OPTIONAL_SAMPLING_FIELDS: tuple[str, ...] = tuple(
     f.name for f in pb.SamplingParams.DESCRIPTOR.fields if f.has_presence and f.message_type is None

@@ -103,7 +103,9 @@ class Tokenizer:
         return self._backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        # NOTE: encode_batch releases the GIL while it works, encode does not: a multi-MB prompt tokenized
+        # in a thread would otherwise stall the event loop for seconds all the same
+        return list(self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -10,12 +10,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.clients.types import SERVICE_NAME
 from infer.engine import AsyncEngine, EngineClient, EngineStats
 from infer.server.gateway.app import GatewayConfig, GatewayServer, local_upstream
 from infer.server.lifecycle import Lifecycle
-from infer.server.servicer import InferenceServicer
+from infer.server.servicer import InferenceServicer, add_to_server
 from infer.server.settings import ServerConfig
 from infer.server.signals import run_until_signal
 from infer.server.telemetry import Telemetry, make_span_exporter
@@ -57,7 +56,7 @@ class InferenceServer:
         cfg = self.config
         server = grpc.aio.server(options=GRPC_OPTIONS)
         servicer = InferenceServicer(self.lifecycle, self.telemetry)
-        pb_grpc.add_InferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+        add_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.lifecycle.health, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         try:
@@ -78,9 +77,13 @@ class InferenceServer:
                 raise OSError(f"cannot serve metrics on {cfg.host}:{cfg.metrics_port}: {e}") from None
             logger.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, self.metrics_port)
 
-    async def load(self) -> None:
-        """Load the model (in a thread: health keeps answering), warm it up, then report SERVING."""
-        engine: EngineClient = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
+    async def load(self, engine: EngineClient | None = None) -> None:
+        """Load the model (in a thread: health keeps answering), warm it up, then report SERVING.
+
+        `engine`: serve this one instead of loading `config.engine` (tests serve a fake engine this way).
+        """
+        if engine is None:
+            engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
         if self.config.warmup:
             await engine.warmup()
         info, cfg, stats = engine.model_info, engine.config, engine.stats()

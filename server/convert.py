@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.types import OPTIONAL_SAMPLING_FIELDS
+from infer.clients.types import CHAT_ROLES, OPTIONAL_SAMPLING_FIELDS, REQUEST_ID
 from infer.engine import EngineClient, FinishReason, RequestOutput, SamplingParams, Tokenizer, TokenLogprob
 
 _FINISH_REASONS = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH}
@@ -21,13 +21,26 @@ def sampling_params(proto: pb.SamplingParams) -> SamplingParams:
         raise ValueError(f"sampling.{e}") from None
 
 
+def check_request_id(request_id: str) -> None:
+    """An empty id is fine (the server makes one); else 1 to 128 visible ASCII characters."""
+    if request_id and not REQUEST_ID.match(request_id):
+        raise ValueError("request_id: must be 1 to 128 visible ASCII characters")
+
+
 def _messages(proto: pb.ChatMessages) -> list[dict[str, str]]:
-    return [{"role": m.role, "content": m.content} for m in proto.messages]
+    messages = []
+    for i, m in enumerate(proto.messages):
+        if m.role not in CHAT_ROLES:
+            raise ValueError(f"messages[{i}].role: {m.role!r} is not one of {', '.join(CHAT_ROLES)}")
+        # "developer" is OpenAI's newer name for the system role; chat templates know "system"
+        messages.append({"role": "system" if m.role == "developer" else m.role, "content": m.content})
+    return messages
 
 
 def _encode_chat(tokenizer: Tokenizer, messages: pb.ChatMessages, add_generation_prompt: bool = True) -> str:
+    checked = _messages(messages)
     try:
-        return tokenizer.apply_chat_template(_messages(messages), add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(checked, add_generation_prompt=add_generation_prompt)
     except ValueError as e:
         raise ValueError(f"messages: {e}") from None
 

@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import cast
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, cast
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
@@ -81,10 +82,11 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     ) -> None:
         request_id = request.request_id or uuid.uuid4().hex
         async with self._rpc(context, "Generate", request_id) as (engine, trace):
+            convert.check_request_id(request.request_id)
             tokenizer = engine.tokenizer
-            prompt = convert.prompt_token_ids(request, tokenizer)
             params = convert.sampling_params(request.sampling)
-            _validate(engine, prompt, params)
+            # NOTE: in a thread: tokenizing and checking a multi-MB prompt takes seconds; other streams go on
+            prompt = await asyncio.to_thread(_checked_prompt, engine, request, params)
             _admit_by_deadline(engine, len(prompt), context.time_remaining())
             stream = cast(AsyncGenerator[RequestOutput], engine.generate(prompt, params, request_id))
             async with contextlib.aclosing(stream):  # leaving early aborts the request in the engine
@@ -107,16 +109,48 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
         async with self._rpc(context, "Tokenize") as (engine, _):
-            return convert.tokenize(request, engine.tokenizer)
+            return await asyncio.to_thread(convert.tokenize, request, engine.tokenizer)
         raise AssertionError("unreachable: _rpc aborts on error")
 
 
-def _validate(engine: EngineClient, prompt: list[int], params: SamplingParams) -> None:
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def add_to_server(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """Register the infer.v1 methods. NOTE: requests arrive as bytes and are parsed here, so a malformed one
+    is INVALID_ARGUMENT (grpc's own deserializer would answer UNKNOWN)."""
+    service = pb.DESCRIPTOR.services_by_name["InferenceService"]
+    handlers = {}
+    for method in service.methods:
+        response_type = getattr(pb, method.output_type.name)
+        parsing = _parsing(getattr(pb, method.input_type.name), getattr(servicer, method.name))
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(parsing, response_serializer=response_type.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def _parsing(request_type: type[Message], handler: Handler) -> Handler:
+    async def parse_then_handle(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            request = request_type.FromString(raw)
+        except DecodeError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request_type.DESCRIPTOR.name}: {e}")
+        return await handler(request, context)
+
+    return parse_then_handle
+
+
+def _checked_prompt(engine: EngineClient, request: pb.GenerateRequest, params: SamplingParams) -> list[int]:
+    """The prompt's token ids, checked against the engine's limits; ValueError names the field."""
+    prompt = convert.prompt_token_ids(request, engine.tokenizer)
     try:
         engine.validate(prompt, params)
     except ValueError as e:
         message = str(e)
-        raise ValueError(f"sampling.{message}" if message.startswith("max_tokens:") else message) from None
+        is_sampling = message.startswith(("max_tokens:", "stop_token_ids:"))
+        raise ValueError(f"sampling.{message}" if is_sampling else message) from None
+    return prompt
 
 
 def _admit_by_deadline(engine: EngineClient, num_prompt_tokens: int, time_remaining_s: float | None) -> None:

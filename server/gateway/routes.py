@@ -6,7 +6,6 @@ import asyncio
 import functools
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.clients.types import REQUEST_ID
 from infer.server.gateway import translate
 from infer.server.gateway.errors import RETRY_AFTER_S, APIError, from_validation
 from infer.server.gateway.metrics import GatewayMetrics
@@ -36,7 +36,6 @@ from infer.server.gateway.upstream import Metadata, Upstream
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # NOTE: the gRPC server's default message limit; larger would fail there
-REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")  # visible ASCII
 TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context, forwarded as gRPC metadata
 Handler = Callable[[Request, str], Awaitable[Response]]
 M = TypeVar("M", bound=BaseModel)

@@ -6,7 +6,6 @@ from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.types import OPTIONAL_SAMPLING_FIELDS
 from infer.server.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, Sampling
 
-_ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
 # the optional fields a body carries under the proto's names; max_tokens and logprobs differ per endpoint
 _FROM_BODY = tuple(name for name in OPTIONAL_SAMPLING_FIELDS if name not in ("max_tokens", "logprobs"))
 
@@ -59,7 +58,7 @@ def completion_requests(body: CompletionRequest, request_id: str) -> list[pb.Gen
 
 
 def chat_messages(messages: list[ChatMessage]) -> pb.ChatMessages:
-    return pb.ChatMessages(messages=[pb.ChatMessage(role=_ROLES.get(m.role, m.role), content=m.text) for m in messages])
+    return pb.ChatMessages(messages=[pb.ChatMessage(role=m.role, content=m.text) for m in messages])
 
 
 def chat_requests(body: ChatCompletionRequest, request_id: str, max_tokens: int | None) -> list[pb.GenerateRequest]:

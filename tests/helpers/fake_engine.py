@@ -24,8 +24,14 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEXT = "Hello world, the capital of France is Paris. The quick brown fox jumps over the lazy dog."
 
 
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
 def tiny_tokenizer() -> Tokenizer:
-    return Tokenizer(train_byte_bpe(330, SPECIALS), special_tokens={"eos_token": "<|im_end|>"})
+    return Tokenizer(train_byte_bpe(330, SPECIALS), special_tokens={"eos_token": "<|im_end|>"}, chat_template=CHATML)
 
 
 class FakeRunner:

@@ -16,6 +16,7 @@ from infer.engine.async_engine import AsyncEngine
 from infer.engine.config import EngineConfig
 from infer.server.app import InferenceServer
 from infer.server.settings import ServerConfig
+from tests.helpers.fake_engine import fake_core
 
 T = TypeVar("T")
 
@@ -23,14 +24,14 @@ T = TypeVar("T")
 class ServerThread:
     """An InferenceServer served from a background thread, for synchronous tests."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, engine: AsyncEngine | None = None) -> None:
         self.spans = InMemorySpanExporter()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="test-grpc-server", daemon=True)
         self._thread.start()
         self.server: InferenceServer = self.call(self._create(config))
         self.call(self.server.start())
-        self.call(self.server.load(), timeout_s=300)
+        self.call(self.server.load(engine), timeout_s=300)
 
     async def _create(self, config: ServerConfig) -> InferenceServer:
         return InferenceServer(config, span_exporter=self.spans)
@@ -44,7 +45,7 @@ class ServerThread:
 
     @property
     def engine(self) -> AsyncEngine:
-        assert self.server.engine is not None
+        assert isinstance(self.server.engine, AsyncEngine)
         return self.server.engine
 
     def wait_idle(self, timeout_s: float = 30) -> None:
@@ -68,6 +69,18 @@ class ServerThread:
 def engine_config(model_dir: Path, **overrides: Any) -> EngineConfig:
     values: dict[str, Any] = {"model": str(model_dir), "max_model_len": 512, "num_blocks": 512, "max_num_seqs": 32}
     return EngineConfig(**(values | overrides))
+
+
+@contextlib.contextmanager
+def running_fake_server(**engine_settings: Any) -> Iterator[ServerThread]:
+    """A server over the fake engine (tests/helpers/fake_engine.py): no weights, starts in milliseconds."""
+    core, _ = fake_core(**engine_settings)
+    config = ServerConfig(engine=core.config, grpc_port=0, metrics_port=None, http_port=None)
+    server = ServerThread(config, AsyncEngine(core))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @contextlib.contextmanager

@@ -57,8 +57,8 @@ def test_sampling_errors_name_the_proto_field() -> None:
 def test_prompt_from_text_ids_or_messages() -> None:
     assert convert.prompt_token_ids(pb.GenerateRequest(prompt="hi"), TOKENIZER) == [1, 104, 105]
     assert convert.prompt_token_ids(pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 6])), TOKENIZER) == [5, 6]
-    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="u", content="x")])
-    assert convert.prompt_token_ids(pb.GenerateRequest(messages=chat), TOKENIZER) == [ord(c) for c in "<u>x<a>"]
+    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="x")])
+    assert convert.prompt_token_ids(pb.GenerateRequest(messages=chat), TOKENIZER) == [ord(c) for c in "<user>x<a>"]
     with pytest.raises(ValueError, match=r"^input: "):
         convert.prompt_token_ids(pb.GenerateRequest(), TOKENIZER)
     with pytest.raises(ValueError, match=r"^messages: "):
@@ -82,6 +82,6 @@ def test_tokenize_text_and_chat() -> None:
     assert list(convert.tokenize(pb.TokenizeRequest(text="a"), TOKENIZER).token_ids) == [1, 97]
     no_special = pb.TokenizeRequest(text="a", add_special_tokens=False)
     assert list(convert.tokenize(no_special, TOKENIZER).token_ids) == [97]
-    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="u", content="x")])
+    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="x")])
     response = convert.tokenize(pb.TokenizeRequest(messages=chat, add_generation_prompt=False), TOKENIZER)
-    assert response.text == "<u>x" and list(response.token_ids) == [ord(c) for c in "<u>x"]
+    assert response.text == "<user>x" and list(response.token_ids) == [ord(c) for c in "<user>x"]

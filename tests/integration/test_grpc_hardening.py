@@ -1,0 +1,123 @@
+"""What a sloppy or hostile gRPC client gets: a clear INVALID_ARGUMENT, and nobody else notices.
+
+Served over the fake engine (no weights): these are the service's checks, not the model's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from tests.integration.grpc_helpers import ServerThread, running_fake_server
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerThread]:
+    with running_fake_server(max_model_len=256) as s:
+        yield s
+
+
+@pytest.fixture
+def channel(server: ServerThread) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(server.address) as ch:
+        yield ch
+
+
+def _error(call: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        list(call) if not isinstance(call, grpc.Future) else call.result()
+    return info.value
+
+
+@pytest.mark.parametrize("method", ["Generate", "GetModelInfo", "Tokenize"])
+def test_malformed_protobuf_is_invalid_argument(channel: grpc.Channel, method: str) -> None:
+    path = f"/infer.v1.InferenceService/{method}"
+    if method == "Generate":
+        error = _error(channel.unary_stream(path)(b"\xff\xff\xff", timeout=10))
+    else:
+        with pytest.raises(grpc.RpcError) as raised:
+            channel.unary_unary(path)(b"\xff\xff\xff", timeout=10)
+        error = raised.value
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed" in (error.details() or "")
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (pb.GenerateRequest(prompt="hi", request_id="x" * 5000), "request_id: must be 1 to 128 visible ASCII"),
+        (pb.GenerateRequest(prompt="hi", request_id="tab\there"), "request_id: must be 1 to 128 visible ASCII"),
+        (
+            pb.GenerateRequest(
+                messages=pb.ChatMessages(
+                    messages=[pb.ChatMessage(role="user", content="hi"), pb.ChatMessage(role="root", content="obey")]
+                )
+            ),
+            "messages[1].role: 'root' is not one of system, developer, user, assistant",
+        ),
+        (
+            pb.GenerateRequest(prompt="hi", sampling=pb.SamplingParams(stop_token_ids=[10**6])),
+            "sampling.stop_token_ids: ids must be in [0, ",
+        ),
+        (
+            pb.GenerateRequest(token_ids=pb.TokenIds(ids=list(range(3, 300)))),
+            "prompt: 297 tokens exceeds max_model_len",
+        ),
+    ],
+    ids=["long-request-id", "invisible-request-id", "unknown-role", "oov-stop-token", "prompt-too-long"],
+)
+def test_bad_requests_are_refused_naming_the_field(
+    server: ServerThread, channel: grpc.Channel, request_: pb.GenerateRequest, message: str
+) -> None:
+    error = _error(pb_grpc.InferenceServiceStub(channel).Generate(request_, timeout=10))  # type: ignore[no-untyped-call]
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert (error.details() or "").startswith(message)
+    server.wait_idle()
+
+
+def test_developer_is_the_system_role(channel: grpc.Channel) -> None:
+    stub = pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+
+    def rendered(role: str) -> str:
+        messages = pb.ChatMessages(messages=[pb.ChatMessage(role=role, content="Be brief.")])
+        return str(stub.Tokenize(pb.TokenizeRequest(messages=messages), timeout=10).text)
+
+    assert rendered("developer") == rendered("system")
+
+
+def test_tokenizing_a_prompt_does_not_stall_other_rpcs(
+    server: ServerThread, channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer = server.engine.tokenizer
+    encode, started, release = tokenizer.encode, threading.Event(), threading.Event()
+
+    def slow_encode(text: str, add_special_tokens: bool = True) -> list[int]:
+        if text == "a huge prompt":
+            started.set()
+            release.wait(20)
+        return encode(text, add_special_tokens)
+
+    monkeypatch.setattr(tokenizer, "encode", slow_encode)
+    stub = pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+    tokenizing = stub.Tokenize.future(pb.TokenizeRequest(text="a huge prompt"), timeout=30)
+    generating = stub.Generate(pb.GenerateRequest(prompt="a huge prompt"), timeout=30)
+    threading.Thread(target=lambda: list(generating), daemon=True).start()
+    try:
+        assert started.wait(10)
+        # both tokenizations are under way: the event loop must still answer others
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        short = list(stub.Generate(pb.GenerateRequest(prompt="hi", sampling=pb.SamplingParams(max_tokens=2)),
+                                   timeout=5))  # fmt: skip
+        assert sum(len(r.token_ids) for r in short) == 2
+    finally:
+        release.set()
+    assert list(tokenizing.result(timeout=10).token_ids) == encode("a huge prompt")
+    server.wait_idle()
