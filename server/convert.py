@@ -91,6 +91,7 @@ def model_info(engine: EngineClient) -> pb.GetModelInfoResponse:
         vocab_size=info.vocab_size,
         eos_token_ids=info.eos_token_ids,
         has_chat_template=info.has_chat_template,
+        max_waiting_requests=engine.config.max_waiting_requests,
     )
 
 

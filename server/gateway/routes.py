@@ -6,10 +6,11 @@ import asyncio
 import functools
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -21,7 +22,7 @@ from infer.server.gateway import translate
 from infer.server.gateway.errors import RETRY_AFTER_S, APIError, from_validation
 from infer.server.gateway.metrics import GatewayMetrics
 from infer.server.gateway.render import ChatFormat, Choice, CompletionFormat, Format, Json, Meta
-from infer.server.gateway.schemas import ChatCompletionRequest, CompletionRequest, Sampling
+from infer.server.gateway.schemas import ChatCompletionRequest, CompletionRequest, Sampling, ignored_fields
 from infer.server.gateway.streams import (
     SHUTTING_DOWN,
     ClientDisconnectedError,
@@ -50,8 +51,24 @@ def _request_id(request: Request) -> str:
     return value
 
 
+# JSON escapes of UTF-16 surrogates: json.loads takes an unpaired one, which no later UTF-8 encoding can
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _check_unicode(raw: bytes, data: Any) -> None:
+    """400 for an unpaired surrogate (`"\\ud800"`): valid JSON, yet not text."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return
+    try:
+        json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError as e:
+        bad = e.object[e.start : e.end].encode("unicode_escape").decode()
+        message = f"invalid JSON body: an unpaired UTF-16 surrogate ({bad}) is not a character"
+        raise APIError(400, message, code="invalid_json") from None
+
+
 async def _parse(request: Request, schema: type[M]) -> M:
-    """400 for a body that is not a JSON object, 422 when it does not fit the schema."""
+    """400 for a body that is not a JSON object (or not text), 422 when it does not fit the schema."""
     if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
         raise APIError(413, f"request body larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
     raw = await request.body()
@@ -63,6 +80,7 @@ async def _parse(request: Request, schema: type[M]) -> M:
         raise APIError(400, f"invalid JSON body: {e}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, "the body must be a JSON object", code="invalid_json")
+    _check_unicode(raw, data)
     try:
         return schema.model_validate(data)
     except ValidationError as e:
@@ -76,7 +94,16 @@ def _metadata(request: Request) -> Metadata:
 class Routes:
     def __init__(self, upstream: Upstream, metrics: GatewayMetrics, model_id: str | None) -> None:
         self.upstream, self.metrics, self.model_id = upstream, metrics, model_id
+        self.logged_fields: set[str] = set()  # unknown fields seen: each is logged once
         self.created = int(time.time())
+
+    async def _parse(self, request: Request, schema: type[M]) -> M:
+        body = await _parse(request, schema)
+        for name in ignored_fields(body):
+            if name not in self.logged_fields:
+                self.logged_fields.add(name)
+                logger.info("%s: ignoring the unknown field %r (logged once)", request.url.path, name)
+        return body
 
     async def _served_model(self) -> str:
         return self.model_id or (await self.upstream.model_info()).model_id
@@ -113,7 +140,7 @@ class Routes:
         return await self._with_request_id(request, self._completions)
 
     async def _completions(self, request: Request, request_id: str) -> Response:
-        body = await _parse(request, CompletionRequest)
+        body = await self._parse(request, CompletionRequest)
         model = await self._check_model(body.model)
         meta = Meta(f"cmpl-{request_id}", model, int(time.time()), body.n, body.include_usage,
                     has_logprobs=body.logprobs is not None)  # fmt: skip
@@ -125,7 +152,7 @@ class Routes:
         return await self._with_request_id(request, self._chat_completions)
 
     async def _chat_completions(self, request: Request, request_id: str) -> Response:
-        body = await _parse(request, ChatCompletionRequest)
+        body = await self._parse(request, ChatCompletionRequest)
         model = await self._check_model(body.model)
         max_tokens = body.max_new_tokens
         if max_tokens is None:
@@ -147,6 +174,7 @@ class Routes:
         self, request: Request, body: Sampling, requests: Sequence[pb.GenerateRequest], fmt: Format
     ) -> Response:
         metadata, started_s = _metadata(request), time.monotonic()
+        await self._check_queue_bound(len(requests))
         if body.stream:
             opened = await unless_disconnected(request.receive, start(self.upstream, requests, metadata))
             self.metrics.ttft.labels(request.url.path).observe(time.monotonic() - started_s)
@@ -156,6 +184,14 @@ class Routes:
         choices = await unless_disconnected(request.receive, self._complete(requests, metadata))
         self.metrics.record_usage(choices, body.n)
         return JSONResponse(fmt.body(choices))
+
+    async def _check_queue_bound(self, num_streams: int) -> None:
+        """400 when the server could never queue this many streams at once: a retry would not help."""
+        bound = (await self.upstream.model_info()).max_waiting_requests
+        if bound and num_streams > bound:
+            message = (f"n: prompts × n = {num_streams} generations, more than the server ever queues at once "
+                       f"({bound}, its max_waiting_requests)")  # fmt: skip
+            raise APIError(400, message, code="invalid_value", param="n")
 
     async def _complete(self, requests: Sequence[pb.GenerateRequest], metadata: Metadata) -> list[Choice]:
         return await collect(await start(self.upstream, requests, metadata))

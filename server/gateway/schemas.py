@@ -1,4 +1,7 @@
-"""OpenAI request bodies, strictly validated: unknown fields and wrong types are refused (HTTP 422).
+"""OpenAI request bodies: known fields strictly typed (HTTP 422 otherwise); unknown fields ignored.
+
+OpenAI's SDKs and clients send fields this server has no use for (`store`, `metadata`, `service_tier`, the
+nulls of a replayed assistant message, ...): they are accepted, logged once (`ignored_fields`) and ignored.
 
 Value ranges of the sampling parameters are the model server's to check (it names the field);
 here: types, the gateway's own limits (`n`), and the OpenAI features this gateway does not have.
@@ -21,7 +24,20 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0, lt=2**31)]], Field(min_leng
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    # NOTE: extra="allow" only to find and log the unknown fields (`ignored_fields`); nothing reads them
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+def ignored_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """The unknown fields of a parsed body, as paths (`store`, `messages[].refusal`)."""
+    found = [prefix + name for name in model.model_extra or {}]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, BaseModel):
+                found += ignored_fields(item, f"{prefix}{name}{'[]' if isinstance(value, list) else ''}.")
+    return sorted(set(found))
 
 
 class StreamOptions(Strict):
@@ -132,6 +148,7 @@ class ChatCompletionRequest(Sampling):
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
+    functions: list[dict[str, Any]] | None = None  # the deprecated form of tools
     tool_choice: Literal["none", "auto"] | None = None
     parallel_tool_calls: bool | None = None  # accepted; there are no tools
 
@@ -139,6 +156,8 @@ class ChatCompletionRequest(Sampling):
     def _check_chat(self) -> ChatCompletionRequest:
         if self.tools:
             raise unsupported("tools", "tool calling is not supported")
+        if self.functions:
+            raise unsupported("functions", "function calling is not supported")
         if self.top_logprobs is not None and not self.logprobs:
             raise unsupported("top_logprobs", "needs logprobs: true")
         return self

@@ -21,6 +21,7 @@ from infer.server.gateway import GatewayConfig, GatewayServer
 T = TypeVar("T")
 FAKE_MODEL = "fake-model"
 FAKE_MAX_MODEL_LEN = 64
+FAKE_MAX_WAITING = 100  # the fake server's queue bound (max_waiting_requests)
 FAKE_WORDS = ("Hello", " world", ",", " how", " are", " you", "?", "!")
 
 
@@ -133,7 +134,9 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
     async def GetModelInfo(  # noqa: N802
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetModelInfoResponse:
-        return pb.GetModelInfoResponse(model_id=FAKE_MODEL, max_model_len=FAKE_MAX_MODEL_LEN, vocab_size=100)
+        return pb.GetModelInfoResponse(
+            model_id=FAKE_MODEL, max_model_len=FAKE_MAX_MODEL_LEN, vocab_size=100, max_waiting_requests=FAKE_MAX_WAITING
+        )
 
     async def Tokenize(  # noqa: N802
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext

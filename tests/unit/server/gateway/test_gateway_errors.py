@@ -38,8 +38,8 @@ def test_malformed_json_is_400(http: httpx.Client, path: str, body: bytes) -> No
 @pytest.mark.parametrize(
     ("path", "body", "param", "code"),
     [
-        (COMPLETIONS, completion_body(frobnicate=1), "frobnicate", "unknown_parameter"),
-        (CHAT, chat_body(functions=[]), "functions", "unknown_parameter"),
+        (CHAT, chat_body(functions=[{"name": "f"}]), "functions", "unsupported_value"),
+        (COMPLETIONS, completion_body(temperature="0.5"), "temperature", "invalid_value"),  # known fields: strict
         (COMPLETIONS, {"prompt": "Hi"}, "model", "missing_required_parameter"),
         (COMPLETIONS, completion_body(temperature="hot"), "temperature", "invalid_value"),
         (COMPLETIONS, completion_body(max_tokens=1.5), "max_tokens", "invalid_value"),
@@ -172,3 +172,56 @@ def test_error_mid_stream_is_an_error_event_then_done(http: httpx.Client) -> Non
     assert [json.loads(e)["choices"][0]["text"] for e in events[:2]] == ["Hello", " world"]
     assert json.loads(events[2])["error"]["code"] == "internal_error"
     assert events[3:] == ["[DONE]"]
+
+
+# what real clients send
+
+
+def test_unknown_fields_are_ignored_and_logged_once(http: httpx.Client, caplog: pytest.LogCaptureFixture) -> None:
+    extras = {"store": False, "metadata": {"k": "v"}, "reasoning_effort": "low", "service_tier": "auto",
+              "prompt_cache_key": "k", "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+    body = chat_body(**extras)
+    body["messages"].append({"role": "assistant", "content": "Hi!", "refusal": None, "annotations": [], "audio": None})
+    body["messages"].append({"role": "user", "content": "Again"})
+    caplog.set_level("INFO", logger="infer.server.gateway.routes")
+    for _ in range(2):
+        assert http.post(CHAT, json=body).status_code == 200
+    logged = [r.getMessage() for r in caplog.records if "ignoring the unknown field" in r.getMessage()]
+    for name in [*extras, "messages[].refusal", "messages[].annotations", "messages[].audio"]:
+        assert sum(f"'{name}'" in line for line in logged) == 1, name
+
+
+def test_a_replayed_assistant_message_works_with_the_openai_client(gateway: RunningGateway) -> None:
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "Hi"}]
+    first = client.chat.completions.create(model=FAKE_MODEL, messages=messages, max_tokens=2)
+    messages += [first.choices[0].message.model_dump(), {"role": "user", "content": "And?"}]
+    second = client.chat.completions.create(model=FAKE_MODEL, messages=messages, max_tokens=2, store=False)
+    assert second.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (COMPLETIONS, '{"model": "fake-model", "prompt": "a\\ud800b"}'),
+        (COMPLETIONS, '{"model": "fake-model", "prompt": "hi", "stop": ["\\udfff"]}'),
+        (CHAT, '{"model": "fake-model", "messages": [{"role": "user", "content": "\\ud83d"}]}'),
+    ],
+    ids=["prompt", "stop", "message"],
+)
+def test_an_unpaired_surrogate_is_400_not_500(http: httpx.Client, fake: FakeInference, path: str, body: str) -> None:
+    response = http.post(path, content=body, headers={"content-type": "application/json"})
+    error = error_of(response, 400)
+    assert error["code"] == "invalid_json" and "surrogate" in error["message"]
+    assert fake.requests == []
+
+
+def test_a_paired_surrogate_escape_is_just_a_character(http: httpx.Client) -> None:
+    body = '{"model": "fake-model", "prompt": "smile \\ud83d\\ude00"}'
+    assert http.post(COMPLETIONS, content=body, headers={"content-type": "application/json"}).status_code == 200
+
+
+def test_more_choices_than_the_server_ever_queues_is_400(http: httpx.Client, fake: FakeInference) -> None:
+    error = error_of(http.post(COMPLETIONS, json=completion_body(prompt=["a", "b"], n=60)), 400)
+    assert error["param"] == "n" and "max_waiting_requests" in error["message"]
+    assert fake.requests == []
