@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
     from infer.engine.sampling_params import SamplingParams
     from infer.engine.stats import EngineStats
+    from infer.engine.stream import RequestStream
     from infer.engine.tokenizer import Tokenizer
     from infer.engine.validation import check
 
@@ -32,6 +33,7 @@ _EXPORTS = {
     "ModelInfo": "interface",
     "QueueFullError": "inbox",
     "RequestOutput": "request",
+    "RequestStream": "stream",
     "SamplingParams": "sampling_params",
     "Timings": "request",
     "TokenLogprob": "request",
@@ -50,6 +52,7 @@ __all__ = [
     "ModelInfo",
     "QueueFullError",
     "RequestOutput",
+    "RequestStream",
     "SamplingParams",
     "Timings",
     "TokenLogprob",

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore
@@ -15,6 +15,7 @@ from infer.engine.interface import ModelInfo
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.stats import EngineStats
+from infer.engine.stream import RequestStream
 from infer.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -78,16 +79,15 @@ class AsyncEngine:
             return self.core.tokenizer.encode(prompt)
         return list(prompt)
 
-    async def generate(
+    def generate(
         self,
         prompt: str | Sequence[int],
         params: SamplingParams,
         request_id: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream deltas; ValueError for bad input, QueueFullError when the queue is full.
-
-        Leaving the loop early (or cancellation) aborts the request in the engine.
-        """
+    ) -> RequestStream:
+        """Enqueue the request and stream its deltas; ValueError for bad input, QueueFullError when the queue is
+        full (both at once, from this call). Closing or dropping the stream early aborts the request (see
+        `RequestStream`): use `async with engine.generate(...) as stream`."""
         request_id = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[RequestOutput] = asyncio.Queue()
@@ -97,15 +97,7 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(deltas.put_nowait, out)
 
         self.core.add_request(request_id, self.encode(prompt), params, sink)
-        finished = False
-        try:
-            while not finished:
-                out = await deltas.get()
-                finished = out.finished
-                yield out
-        finally:
-            if not finished:
-                self.core.abort(request_id)
+        return RequestStream(request_id, deltas, self.core.abort)
 
     def abort(self, request_id: str) -> None:
         self.core.abort(request_id)

@@ -6,14 +6,14 @@ the plain types it speaks); it never reaches into the engine core.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from infer.engine.config import EngineConfig
-from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.stats import EngineStats
+from infer.engine.stream import RequestStream
 from infer.engine.tokenizer import Tokenizer
 
 
@@ -50,8 +50,8 @@ class EngineClient(Protocol):
 
     def generate(
         self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream deltas; ValueError for bad input, QueueFullError when the queue is full."""
+    ) -> RequestStream:
+        """Enqueue and stream deltas; ValueError for bad input, QueueFullError when the queue is full."""
         ...
 
     def abort(self, request_id: str) -> None: ...

@@ -6,15 +6,15 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, cast
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
-from infer.engine import EngineClient, FinishReason, QueueFullError, RequestOutput, SamplingParams
+from infer.engine import EngineClient, FinishReason, QueueFullError, SamplingParams
 from infer.server import convert
 from infer.server.lifecycle import Lifecycle, NotServingError
 from infer.server.telemetry import RequestTrace, Telemetry
@@ -88,8 +88,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             # NOTE: in a thread: tokenizing and checking a multi-MB prompt takes seconds; other streams go on
             prompt = await asyncio.to_thread(_checked_prompt, engine, request, params)
             _admit_by_deadline(engine, len(prompt), context.time_remaining())
-            stream = cast(AsyncGenerator[RequestOutput], engine.generate(prompt, params, request_id))
-            async with contextlib.aclosing(stream):  # leaving early aborts the request in the engine
+            async with engine.generate(prompt, params, request_id) as stream:  # leaving early aborts it
                 async for out in stream:
                     trace.on_output(out)
                     if out.finish_reason is FinishReason.ERROR:
