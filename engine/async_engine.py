@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 
@@ -31,6 +32,7 @@ class AsyncEngine:
     def __init__(self, core: EngineCore) -> None:
         self.core = core
         self._stopped = threading.Event()
+        self._step_started_s: float | None = None  # while a step runs: when it started
         self._thread = threading.Thread(target=self._run, name="infer-engine-core", daemon=True)
         self._thread.start()
 
@@ -59,15 +61,27 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self.core.stats()
 
+    def problem(self, stall_timeout_s: float) -> str | None:
+        """Why the engine cannot make progress (its thread is gone, or one step has run longer than
+        stall_timeout_s), or None when it is healthy."""
+        if not self._thread.is_alive() and not self._stopped.is_set():
+            return "the engine thread has stopped"
+        started_s = self._step_started_s
+        if started_s is not None and (running_s := time.monotonic() - started_s) > stall_timeout_s:
+            return f"one engine step has run for {running_s:.0f} s (stall timeout {stall_timeout_s:g} s)"
+        return None
+
     def _run(self) -> None:
         core = self.core
         while not self._stopped.is_set():
+            self._step_started_s = time.monotonic()
             try:
                 did_work = core.step()
             except Exception:
                 logger.exception("engine step failed; failing its requests")
                 core.fail_all(RuntimeError("engine step failed"))
                 did_work = False
+            self._step_started_s = None
             if not did_work:
                 # static batching waits for its batch to fill: poll while requests wait
                 timeout = self.core.config.static_batch_wait_s / 2 if core.scheduler.waiting else None

@@ -56,6 +56,10 @@ class EngineClient(Protocol):
 
     def abort(self, request_id: str) -> None: ...
 
+    def problem(self, stall_timeout_s: float) -> str | None:
+        """Why the engine cannot make progress (stalled or dead), or None when it is healthy."""
+        ...
+
     async def warmup(self) -> None:
         """Run one small request so the first real one finds the kernels warm and the rates measured."""
         ...

@@ -40,6 +40,7 @@ class InferenceServer:
         exporter = span_exporter if span_exporter is not None else make_span_exporter(config.traces)
         self.telemetry = Telemetry(self._stats, exporter, batch_spans=span_exporter is None)
         self._server: grpc.aio.Server | None = None
+        self._watchdog: asyncio.Task[None] | None = None
         self.port = 0
         self.metrics_port: int | None = None
 
@@ -93,11 +94,14 @@ class InferenceServer:
             cfg.block_size, cfg.max_model_len, cfg.max_num_seqs,
         )  # fmt: skip
         await self.lifecycle.serve(engine)
+        self._watchdog = asyncio.create_task(self.lifecycle.watch_engine(self.config.engine_stall_timeout_s))
         logger.info("SERVING on %s:%d", self.config.host, self.port)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Drain (NOT_SERVING, refuse new RPCs, let in-flight ones finish within grace_s), then stop."""
         grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         await self.lifecycle.drain(grace_s)
         if self._server is not None:
             await self._server.stop(grace=0.5)  # cancels what is left: their engine requests are aborted

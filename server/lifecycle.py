@@ -48,6 +48,23 @@ class Lifecycle:
         self.engine, self.state = engine, State.SERVING
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
+    async def watch_engine(self, stall_timeout_s: float, interval_s: float = 1.0) -> None:
+        """Until cancelled: health NOT_SERVING while the engine makes no progress, SERVING again once it does
+        (probes then take the replica out of rotation, or restart it if it never recovers)."""
+        stalled: str | None = None
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.state is not State.SERVING or self.engine is None:
+                continue
+            problem = self.engine.problem(stall_timeout_s)
+            if problem is not None and stalled is None:
+                logger.error("health NOT_SERVING: %s", problem)
+                await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+            elif problem is None and stalled is not None:
+                logger.warning("health SERVING again: the engine makes progress")
+                await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+            stalled = problem
+
     async def _set_health(self, status: int) -> None:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)

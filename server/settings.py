@@ -28,12 +28,14 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0  # SIGTERM: how long in-flight streams may take to finish
     traces: str = "none"  # span exporter: none, console or otlp
     warmup: bool = True  # one tiny request before reporting SERVING
+    engine_stall_timeout_s: float = 60.0  # health NOT_SERVING while one engine step runs longer
 
     def __post_init__(self) -> None:
         check("grpc_port", 0 <= self.grpc_port < 65536, "must be in [0, 65535]")
         check("metrics_port", self.metrics_port is None or 0 <= self.metrics_port < 65536, "must be in [0, 65535]")
         check("http_port", self.http_port is None or 0 <= self.http_port < 65536, "must be in [0, 65535]")
         check("shutdown_grace_s", self.shutdown_grace_s >= 0, "must be >= 0")
+        check("engine_stall_timeout_s", self.engine_stall_timeout_s > 0, "must be > 0")
         check("traces", self.traces in TRACE_EXPORTERS, f"must be one of {', '.join(TRACE_EXPORTERS)}")
 
 
@@ -91,6 +93,7 @@ SETTINGS: tuple[Setting, ...] = (
     _server("http_port", _port_or_off, "OpenAI-compatible HTTP gateway port (0 = any free port, off = gRPC only)"),
     _server("metrics_port", _port_or_off, "Prometheus /metrics port (0 = any free port, off = none)"),
     _server("shutdown_grace_s", float, "on SIGTERM, how long in-flight streams may take to finish"),
+    _server("engine_stall_timeout_s", float, "health turns NOT_SERVING while one engine step runs longer (stalled)"),
     _server(
         "traces",
         str,

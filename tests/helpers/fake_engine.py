@@ -7,6 +7,7 @@ the text's end. So a prompt that is the text's first k tokens continues with the
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -45,6 +46,8 @@ class FakeRunner:
         self.poison: set[int] = set()
         self.step_s = 0.0  # simulated forward-pass time per call, plus per token (see `execute`)
         self.token_s = 0.0
+        self.gate = threading.Event()  # cleared: a forward pass waits (a stalled engine)
+        self.gate.set()
 
     def token_at(self, position: int) -> int:
         return self.text_ids[position] if position < len(self.text_ids) else self.eos_id
@@ -53,6 +56,7 @@ class FakeRunner:
         self.calls.append(list(work))
         if any(t in self.poison for w in work for t in w.token_ids):
             raise RuntimeError("poisoned batch")
+        self.gate.wait()
         time.sleep(self.step_s + self.token_s * sum(len(w.token_ids) for w in work))
         ids = torch.arange(self.vocab_size, dtype=torch.float32)
         peaks = [self.token_at(w.start_pos + len(w.token_ids)) for w in work if w.needs_logits]

@@ -86,3 +86,38 @@ def test_serve_exits_1_when_the_model_fails_to_load(tmp_path: Path, caplog: pyte
     )
     assert asyncio.run(serve(config)) == 1
     assert "model failed to load" in caplog.text
+
+
+def test_health_follows_an_engine_that_stalls_and_recovers() -> None:
+    from infer.engine import AsyncEngine, SamplingParams
+    from tests.helpers.fake_engine import fake_core
+
+    core, runner = fake_core()
+    engine = AsyncEngine(core)
+
+    async def until_health(lifecycle: Lifecycle, status: int) -> None:
+        for _ in range(500):
+            if await _health(lifecycle) == status:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"health never became {status}")
+
+    async def main() -> None:
+        lifecycle = Lifecycle()
+        await lifecycle.start()
+        await lifecycle.serve(engine)
+        watchdog = asyncio.create_task(lifecycle.watch_engine(stall_timeout_s=0.2, interval_s=0.02))
+        runner.gate.clear()  # the next forward pass hangs
+        async with engine.generate([5, 6], SamplingParams(max_tokens=4, ignore_eos=True)) as stream:
+            await until_health(lifecycle, health_pb2.HealthCheckResponse.NOT_SERVING)
+            runner.gate.set()  # it recovers
+            assert len([d async for d in stream]) == 4
+        await until_health(lifecycle, health_pb2.HealthCheckResponse.SERVING)
+        watchdog.cancel()
+
+    try:
+        asyncio.run(main())
+    finally:
+        runner.gate.set()
+        engine.shutdown()
+    core.block_manager.assert_no_leaks()
