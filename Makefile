@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev test test-fast test-slow lint typecheck proto clean bench-offline
+.PHONY: serve setup setup-dev test test-fast test-slow fuzz lint typecheck proto clean bench-offline
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ test-fast: $(DEV_STAMP)
 
 test-slow: $(DEV_STAMP)
 	$(BIN)/pytest -q -m slow
+
+# property-based fuzzing of both front doors, long (make test runs a short pass); prints what it hit
+fuzz: $(DEV_STAMP)
+	$(BIN)/pytest -q tests/fuzz --hypothesis-profile=fuzz --hypothesis-show-statistics
 
 # regenerate the committed gRPC stubs (clients/proto/v1/) from proto/infer/v1/*.proto
 proto: $(DEV_STAMP)
