@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev test test-fast test-slow fuzz lint typecheck proto clean bench-offline
+.PHONY: serve setup setup-dev test test-fast test-slow fuzz soak lint typecheck proto clean bench-offline
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ test-fast: $(DEV_STAMP)
 
 test-slow: $(DEV_STAMP)
 	$(BIN)/pytest -q -m slow
+
+# soak: mixed traffic (slow readers, disconnects, deadlines, invalid) for 10 minutes; writes docs/reliability.md
+soak: $(STAMP)
+	$(BIN)/python benchmarks/soak.py
 
 # property-based fuzzing of both front doors, long (make test runs a short pass); prints what it hit
 fuzz: $(DEV_STAMP)
