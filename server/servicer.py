@@ -16,6 +16,7 @@ from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.engine import EngineClient, FinishReason, QueueFullError, RequestOutput, SamplingParams
 from infer.server import convert
 from infer.server.lifecycle import Lifecycle, NotServingError
+from infer.server.limits import RequestLimits
 from infer.server.telemetry import RequestTrace, Telemetry
 
 logger = logging.getLogger(__name__)
@@ -48,8 +49,9 @@ def _cancelled_code(context: grpc.aio.ServicerContext) -> str:
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
-    def __init__(self, lifecycle: Lifecycle, telemetry: Telemetry) -> None:
+    def __init__(self, lifecycle: Lifecycle, telemetry: Telemetry, limits: RequestLimits | None = None) -> None:
         self.lifecycle, self.telemetry = lifecycle, telemetry
+        self.limits = limits or RequestLimits()
 
     @contextlib.asynccontextmanager
     async def _rpc(
@@ -84,6 +86,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             tokenizer = engine.tokenizer
             prompt = convert.prompt_token_ids(request, tokenizer)
             params = convert.sampling_params(request.sampling)
+            self.limits.check(len(prompt), params.max_tokens)
             _validate(engine, prompt, params)
             _admit_by_deadline(engine, len(prompt), context.time_remaining())
             stream = cast(AsyncGenerator[RequestOutput], engine.generate(prompt, params, request_id))
