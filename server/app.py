@@ -148,7 +148,7 @@ async def serve(config: ServerConfig) -> int:
     """`infer serve`: run until SIGTERM or SIGINT, then drain and exit 0; 1 when the model fails to load."""
     server = InferenceServer(config)
     await server.start()
-    gateway = await _start_gateway(config, server.local_address or local_upstream(config.host, server.port))
+    gateway = await start_gateway(config, server.local_address or local_upstream(config.host, server.port))
 
     async def load_and_serve() -> None:
         await server.load()
@@ -165,7 +165,7 @@ async def serve(config: ServerConfig) -> int:
     return 0
 
 
-async def _start_gateway(config: ServerConfig, upstream: str) -> GatewayServer | None:
+async def start_gateway(config: ServerConfig, upstream: str) -> GatewayServer | None:
     """The OpenAI gateway in the same process and loop: a gRPC client of this server, behind the same door."""
     if config.http_port is None:
         return None
