@@ -8,14 +8,22 @@ import os
 import sys
 from dataclasses import asdict
 
+from infer.clients.channel import ClientTls
 from infer.clients.client import DEFAULT_ADDRESS, InferClient
 from infer.clients.types import InferError, Prompt, Sampling
+
+
+def _client(args: argparse.Namespace) -> InferClient:
+    tls = None
+    if args.tls or args.tls_ca or args.tls_cert:
+        tls = ClientTls(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key)
+    return InferClient(args.address, timeout_s=args.timeout_s, tls=tls, api_key=args.api_key)
 
 
 def _generate(args: argparse.Namespace) -> int:
     sampling = Sampling(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     prompt: Prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
-    with InferClient(args.address, timeout_s=args.timeout_s) as client:
+    with _client(args) as client:
         last = None
         for chunk in client.generate(prompt, sampling):
             sys.stdout.write(chunk.text)
@@ -28,13 +36,13 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    with InferClient(args.address, timeout_s=args.timeout_s) as client:
+    with _client(args) as client:
         print(json.dumps(asdict(client.model_info()), indent=2))
     return 0
 
 
 def _tokenize(args: argparse.Namespace) -> int:
-    with InferClient(args.address, timeout_s=args.timeout_s) as client:
+    with _client(args) as client:
         text = [{"role": "user", "content": args.text}] if args.chat else args.text
         print(json.dumps(client.tokenize(text)))
     return 0
@@ -46,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     except InferError as e:
         print(f"\nerror: {e.code.name}: {e.details}", file=sys.stderr)
         return 1
+    except (OSError, ValueError) as e:  # an unreadable TLS file, half a key pair
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 def add_client_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -56,6 +67,14 @@ def add_client_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
         help=f"server host:port [env INFER_ADDRESS; default: {DEFAULT_ADDRESS}]",
     )
     client.add_argument("--timeout-s", type=float, default=None, help="gRPC deadline of each call")
+    env = os.environ.get
+    client.add_argument(
+        "--api-key", default=env("INFER_API_KEY"), help="sent as 'authorization: Bearer <key>' [env INFER_API_KEY]"
+    )
+    client.add_argument("--tls", action="store_true", help="TLS, trusting the system's root certificates")
+    client.add_argument("--tls-ca", default=env("INFER_TLS_CA"), help="TLS, trusting this CA (PEM) [env INFER_TLS_CA]")
+    client.add_argument("--tls-cert", default=env("INFER_TLS_CLIENT_CERT"), help="mTLS: client certificate (PEM)")
+    client.add_argument("--tls-key", default=env("INFER_TLS_CLIENT_KEY"), help="mTLS: client private key (PEM)")
     client.set_defaults(func=run)
     commands = client.add_subparsers(dest="client_command", required=True)
     gen = commands.add_parser("generate", help="stream a completion to the terminal")

@@ -5,7 +5,8 @@
             print(chunk.text, end="", flush=True)
 
 Failed RPCs raise InferError (its `code` is the gRPC status code). Leaving a `generate`
-loop early cancels the RPC, which aborts the request on the server.
+loop early cancels the RPC, which aborts the request on the server. A server started with TLS or
+API keys needs `tls=ClientTls(ca_file=...)` and `api_key=...` (sent as `authorization: Bearer`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from infer.clients.channel import ClientTls, aio_channel, channel, with_api_key
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.clients.types import (
@@ -44,9 +46,16 @@ def _tokenize_options(add_special_tokens: bool | None, add_generation_prompt: bo
 class InferClient:
     """A blocking client; one channel, reused by every call."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout_s: float | None = None) -> None:
-        self.address, self.timeout_s = address, timeout_s
-        self._channel = grpc.insecure_channel(address)
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        timeout_s: float | None = None,
+        tls: ClientTls | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        self.address, self.timeout_s, self.api_key = address, timeout_s, api_key
+        self._channel = channel(address, tls)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -61,6 +70,7 @@ class InferClient:
     ) -> Iterator[Chunk]:
         """Stream chunks as the server generates them (usually one token each)."""
         request = generate_request(prompt, sampling, request_id)
+        metadata = with_api_key(metadata, self.api_key)
         call = self._stub.Generate(request, timeout=timeout_s or self.timeout_s, metadata=metadata)
         try:
             for response in call:
@@ -110,7 +120,7 @@ class InferClient:
 
     def _unary(self, method: Any, request: Any) -> Any:
         try:
-            return method(request, timeout=self.timeout_s)
+            return method(request, timeout=self.timeout_s, metadata=with_api_key((), self.api_key))
         except grpc.RpcError as e:
             raise InferError.from_rpc_error(e) from None
 
@@ -127,9 +137,16 @@ class InferClient:
 class AsyncInferClient:
     """The asyncio client: `async for chunk in client.generate(...)`."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout_s: float | None = None) -> None:
-        self.address, self.timeout_s = address, timeout_s
-        self._channel = grpc.aio.insecure_channel(address)
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        timeout_s: float | None = None,
+        tls: ClientTls | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        self.address, self.timeout_s, self.api_key = address, timeout_s, api_key
+        self._channel = aio_channel(address, tls)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -143,6 +160,7 @@ class AsyncInferClient:
         metadata: Metadata = (),
     ) -> AsyncIterator[Chunk]:
         request = generate_request(prompt, sampling, request_id)
+        metadata = with_api_key(metadata, self.api_key)
         call = self._stub.Generate(request, timeout=timeout_s or self.timeout_s, metadata=metadata)
         try:
             async for response in call:
@@ -188,7 +206,7 @@ class AsyncInferClient:
 
     async def _unary(self, method: Any, request: Any) -> Any:
         try:
-            return await method(request, timeout=self.timeout_s)
+            return await method(request, timeout=self.timeout_s, metadata=with_api_key((), self.api_key))
         except grpc.RpcError as e:
             raise InferError.from_rpc_error(e) from None
 

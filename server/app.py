@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import tempfile
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -13,7 +15,9 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from infer.clients.types import SERVICE_NAME
 from infer.engine import AsyncEngine, EngineClient, EngineStats
 from infer.server.gateway.app import GatewayConfig, GatewayServer, local_upstream
+from infer.server.gateway.guard import HttpLimits
 from infer.server.lifecycle import Lifecycle
+from infer.server.security import ApiKeyInterceptor, ApiKeys, server_credentials
 from infer.server.servicer import InferenceServicer, add_to_server
 from infer.server.settings import ServerConfig
 from infer.server.signals import run_until_signal
@@ -31,6 +35,16 @@ GRPC_OPTIONS = (
     ("grpc.keepalive_time_ms", 30_000),  # ping idle clients: a vanished one is cancelled and its request aborted
     ("grpc.keepalive_timeout_ms", 10_000),
 )
+LOCAL_SOCKET = "grpc.sock"  # with TLS: the in-process gateway's hop, a Unix socket in a private directory
+
+
+def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """The server's channel options: the fixed ones and the limits from the settings."""
+    return [
+        *GRPC_OPTIONS,
+        ("grpc.max_receive_message_length", config.max_request_bytes),
+        ("grpc.max_concurrent_streams", config.max_streams_per_connection),
+    ]
 
 
 class InferenceServer:
@@ -41,7 +55,9 @@ class InferenceServer:
         self.telemetry = Telemetry(self._stats, exporter, batch_spans=span_exporter is None)
         self._server: grpc.aio.Server | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self._local_dir: tempfile.TemporaryDirectory[str] | None = None
         self.port = 0
+        self.local_address: str | None = None  # the gateway's hop when TLS is on: unix:PATH
         self.metrics_port: int | None = None
 
     @property
@@ -55,21 +71,22 @@ class InferenceServer:
     async def start(self) -> None:
         """Listen at once, reporting NOT_SERVING until `load` is done."""
         cfg = self.config
-        server = grpc.aio.server(options=GRPC_OPTIONS)
-        servicer = InferenceServicer(self.lifecycle, self.telemetry)
+        keys = ApiKeys.from_settings(cfg.api_key, cfg.api_keys_file)
+        interceptors = [ApiKeyInterceptor(keys)] if keys is not None else []
+        server = grpc.aio.server(options=grpc_options(cfg), interceptors=interceptors)
+        servicer = InferenceServicer(self.lifecycle, self.telemetry, cfg.limits)
         add_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.lifecycle.health, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
-        try:
-            self.port = server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
-        except RuntimeError as e:  # grpc reports a failed bind this way
-            raise OSError(f"cannot listen on {cfg.host}:{cfg.grpc_port} (in use?): {e}") from None
-        if self.port == 0:
-            raise OSError(f"cannot listen on {cfg.host}:{cfg.grpc_port} (in use?)")
+        self.port = self._listen(server)
         await server.start()
         self._server = server
         await self.lifecycle.start()
-        logger.info("gRPC listening on %s:%d (NOT_SERVING until the model is loaded)", cfg.host, self.port)
+        logger.info(
+            "gRPC listening on %s:%d (%s, %s; NOT_SERVING until the model is loaded)", cfg.host, self.port,
+            "mTLS" if cfg.tls_client_ca else "TLS" if cfg.tls_cert else "plaintext",
+            f"{len(keys)} API key(s)" if keys else "no API key",
+        )  # fmt: skip
         if cfg.metrics_port is not None:
             try:
                 self.metrics_port = self.telemetry.serve_metrics(cfg.host, cfg.metrics_port)
@@ -77,6 +94,25 @@ class InferenceServer:
                 await server.stop(None)
                 raise OSError(f"cannot serve metrics on {cfg.host}:{cfg.metrics_port}: {e}") from None
             logger.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, self.metrics_port)
+
+    def _listen(self, server: grpc.aio.Server) -> int:
+        """Add the listening port (TLS when configured; then a private Unix socket for the in-process gateway)."""
+        cfg, tls = self.config, self.config.tls
+        address = f"{cfg.host}:{cfg.grpc_port}"
+        try:
+            port = (
+                server.add_secure_port(address, server_credentials(tls)) if tls else server.add_insecure_port(address)
+            )
+        except RuntimeError as e:  # grpc reports a failed bind this way
+            raise OSError(f"cannot listen on {address} (in use?): {e}") from None
+        if port == 0:
+            raise OSError(f"cannot listen on {address} (in use?)")
+        if tls is not None and cfg.http_port is not None:
+            # NOTE: the hop never leaves the process's user: no certificate to present, the key still checked
+            self._local_dir = tempfile.TemporaryDirectory(prefix="infer-")
+            self.local_address = f"unix:{os.path.join(self._local_dir.name, LOCAL_SOCKET)}"
+            server.add_insecure_port(self.local_address)
+        return int(port)
 
     async def load(self, engine: EngineClient | None = None) -> None:
         """Load the model (in a thread: health keeps answering), warm it up, then report SERVING.
@@ -106,6 +142,9 @@ class InferenceServer:
         if self._server is not None:
             await self._server.stop(grace=0.5)  # cancels what is left: their engine requests are aborted
         self.lifecycle.stopped()
+        if self._local_dir is not None:
+            self._local_dir.cleanup()
+            self._local_dir = None
         if self.engine is not None:
             await asyncio.to_thread(self.engine.shutdown)
         self.telemetry.shutdown()
@@ -116,7 +155,7 @@ async def serve(config: ServerConfig) -> int:
     """`infer serve`: run until SIGTERM or SIGINT, then drain and exit 0; 1 when the model fails to load."""
     server = InferenceServer(config)
     await server.start()
-    gateway = await _start_gateway(config, server.port)
+    gateway = await start_gateway(config, server.local_address or local_upstream(config.host, server.port))
 
     async def load_and_serve() -> None:
         await server.load()
@@ -133,16 +172,20 @@ async def serve(config: ServerConfig) -> int:
     return 0
 
 
-async def _start_gateway(config: ServerConfig, grpc_port: int) -> GatewayServer | None:
-    """The OpenAI gateway in the same process and loop: a gRPC client of this server."""
+async def start_gateway(config: ServerConfig, upstream: str) -> GatewayServer | None:
+    """The OpenAI gateway in the same process and loop: a gRPC client of this server, behind the same door."""
     if config.http_port is None:
         return None
     gateway = GatewayServer(
         GatewayConfig(
-            upstream=local_upstream(config.host, grpc_port),
+            upstream=upstream,
             host=config.host,
             http_port=config.http_port,
             shutdown_grace_s=config.shutdown_grace_s,
+            tls=config.tls,
+            api_keys=ApiKeys.from_settings(config.api_key, config.api_keys_file),
+            limits=HttpLimits(config.max_request_bytes, config.http_header_timeout_s, config.http_body_timeout_s),
+            max_output_tokens=config.max_output_tokens,
         )
     )
     await gateway.start()

@@ -17,6 +17,7 @@ from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.engine import EngineClient, FinishReason, QueueFullError, SamplingParams
 from infer.server import convert
 from infer.server.lifecycle import Lifecycle, NotServingError
+from infer.server.limits import RequestLimits
 from infer.server.telemetry import RequestTrace, Telemetry
 
 logger = logging.getLogger(__name__)
@@ -49,8 +50,9 @@ def _cancelled_code(context: grpc.aio.ServicerContext) -> str:
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
-    def __init__(self, lifecycle: Lifecycle, telemetry: Telemetry) -> None:
+    def __init__(self, lifecycle: Lifecycle, telemetry: Telemetry, limits: RequestLimits | None = None) -> None:
         self.lifecycle, self.telemetry = lifecycle, telemetry
+        self.limits = limits or RequestLimits()
 
     @contextlib.asynccontextmanager
     async def _rpc(
@@ -87,6 +89,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             params = convert.sampling_params(request.sampling)
             # NOTE: in a thread: tokenizing and checking a multi-MB prompt takes seconds; other streams go on
             prompt = await asyncio.to_thread(_checked_prompt, engine, request, params)
+            self.limits.check(len(prompt), params.max_tokens)
             _admit_by_deadline(engine, len(prompt), context.time_remaining())
             async with engine.generate(prompt, params, request_id) as stream:  # leaving early aborts it
                 async for out in stream:

@@ -13,6 +13,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from infer.engine import DTYPES, EngineConfig, check
+from infer.server.limits import RequestLimits
+from infer.server.security import TlsFiles
 
 ENV_PREFIX = "INFER_"
 TRACE_EXPORTERS = ("none", "console", "otlp")
@@ -29,6 +31,19 @@ class ServerConfig:
     traces: str = "none"  # span exporter: none, console or otlp
     warmup: bool = True  # one tiny request before reporting SERVING
     engine_stall_timeout_s: float = 60.0  # health NOT_SERVING while one engine step runs longer
+    # TLS and API keys (docs/security.md)
+    tls_cert: str | None = None  # PEM certificate chain; with tls_key: TLS on gRPC and HTTP
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # mTLS: clients must show a certificate signed by this CA
+    api_key: str | None = field(default=None, repr=False)  # one key, or several comma-separated
+    api_keys_file: str | None = None  # one key a line
+    # limits
+    max_request_bytes: int = 4 * 1024 * 1024  # an HTTP body, a gRPC message
+    max_prompt_tokens: int | None = None  # None: max_model_len is the only bound
+    max_output_tokens: int | None = None  # the largest max_tokens a request may ask for; None: no bound
+    max_streams_per_connection: int = 100  # gRPC (HTTP/2) streams open at once on one connection
+    http_header_timeout_s: float = 10.0  # a connection's request headers must arrive within this
+    http_body_timeout_s: float = 30.0  # a request's whole body must arrive within this
 
     def __post_init__(self) -> None:
         check("grpc_port", 0 <= self.grpc_port < 65536, "must be in [0, 65535]")
@@ -37,6 +52,21 @@ class ServerConfig:
         check("shutdown_grace_s", self.shutdown_grace_s >= 0, "must be >= 0")
         check("engine_stall_timeout_s", self.engine_stall_timeout_s > 0, "must be > 0")
         check("traces", self.traces in TRACE_EXPORTERS, f"must be one of {', '.join(TRACE_EXPORTERS)}")
+        TlsFiles.from_settings(self.tls_cert, self.tls_key, self.tls_client_ca)  # ValueError when half given
+        check("max_request_bytes", self.max_request_bytes >= 1024, "must be >= 1024")
+        check("max_prompt_tokens", self.max_prompt_tokens is None or self.max_prompt_tokens >= 1, "must be >= 1")
+        check("max_output_tokens", self.max_output_tokens is None or self.max_output_tokens >= 1, "must be >= 1")
+        check("max_streams_per_connection", self.max_streams_per_connection >= 1, "must be >= 1")
+        check("http_header_timeout_s", self.http_header_timeout_s > 0, "must be > 0")
+        check("http_body_timeout_s", self.http_body_timeout_s > 0, "must be > 0")
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        return TlsFiles.from_settings(self.tls_cert, self.tls_key, self.tls_client_ca)
+
+    @property
+    def limits(self) -> RequestLimits:
+        return RequestLimits(self.max_prompt_tokens, self.max_output_tokens)
 
 
 def _optional_int(text: str) -> int | None:
@@ -100,6 +130,17 @@ SETTINGS: tuple[Setting, ...] = (
         "request spans: to stderr (console), or otlp (needs opentelemetry-exporter-otlp-proto-grpc)",
         TRACE_EXPORTERS,
     ),
+    _server("tls_cert", _optional_str, "TLS certificate chain (PEM) for gRPC and HTTP; needs tls_key"),
+    _server("tls_key", _optional_str, "TLS private key (PEM)"),
+    _server("tls_client_ca", _optional_str, "mTLS: require client certificates signed by this CA (PEM)"),
+    _server("api_key", _optional_str, "API key(s), comma-separated: clients send 'Authorization: Bearer <key>'"),
+    _server("api_keys_file", _optional_str, "a file of API keys, one a line (# comments)"),
+    _server("max_request_bytes", int, "largest HTTP request body and gRPC message (413 / RESOURCE_EXHAUSTED)"),
+    _server("max_prompt_tokens", _optional_int, "longest prompt in tokens (none = max_model_len)"),
+    _server("max_output_tokens", _optional_int, "largest max_tokens a request may ask for (none = no bound)"),
+    _server("max_streams_per_connection", int, "gRPC streams open at once on one connection; more wait"),
+    _server("http_header_timeout_s", float, "HTTP: a request's headers must arrive within this, else 408"),
+    _server("http_body_timeout_s", float, "HTTP: a request's body must arrive within this, else 408"),
     Setting("model", _optional_str, "a Hugging Face model directory (default: SmolLM2-135M-Instruct)"),
     Setting("max_model_len", int, "prompt + generated tokens of one request (0 = min(2048, the model's))"),
     Setting("max_num_seqs", int, "requests running at once"),

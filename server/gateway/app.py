@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -16,10 +18,14 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from infer.clients.channel import ClientTls
 from infer.server.gateway.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
+from infer.server.gateway.guard import Guard, HttpLimits
 from infer.server.gateway.metrics import GatewayMetrics, MetricsMiddleware
+from infer.server.gateway.protocol import with_header_timeout
 from infer.server.gateway.routes import Routes
 from infer.server.gateway.upstream import Upstream
+from infer.server.security import ApiKeys, TlsFiles, read_file
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +36,16 @@ def create_app(upstream: str, *, model_id: str | None = None, timeout_s: float |
     """The OpenAI-compatible ASGI app in front of the infer.v1 gRPC server at `upstream` (host:port).
 
     `model_id`: the model name clients use (default: the server's model id); `timeout_s`: the deadline
-    of each generation (None = none).
+    of each generation (None = none). `app_for` takes the whole GatewayConfig (TLS upstream, keys, limits).
     """
-    client = Upstream(upstream, timeout_s)
+    return app_for(GatewayConfig(upstream=upstream, model_id=model_id, timeout_s=timeout_s))
+
+
+def app_for(config: GatewayConfig) -> ASGIApp:
+    """The ASGI app of a GatewayConfig (its listener settings aside: those are GatewayServer's)."""
+    client = Upstream(config.upstream, config.timeout_s, config.upstream_tls)
     metrics = GatewayMetrics()
-    routes = Routes(client, metrics, model_id)
+    routes = Routes(client, metrics, config.model_id, config.max_output_tokens)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -50,7 +61,10 @@ def create_app(upstream: str, *, model_id: str | None = None, timeout_s: float |
             Route("/health", routes.health, methods=["GET"]),
             Route("/metrics", metrics.endpoint, methods=["GET"]),
         ],
-        middleware=[Middleware(MetricsMiddleware, metrics=metrics)],
+        middleware=[
+            Middleware(MetricsMiddleware, metrics=metrics),
+            Middleware(Guard, keys=config.api_keys, limits=config.limits),
+        ],
         exception_handlers={
             APIError: handle_api_error,
             HTTPException: handle_http_exception,
@@ -71,6 +85,11 @@ class GatewayConfig:
     timeout_s: float | None = DEFAULT_TIMEOUT_S
     shutdown_grace_s: float = 30.0  # on stop: how long open responses may take to finish
     access_log: bool = False
+    tls: TlsFiles | None = None  # HTTPS; with a client CA, clients must show a certificate
+    upstream_tls: ClientTls | None = None  # reach the gRPC server over TLS
+    api_keys: ApiKeys | None = field(default=None, repr=False)  # None: open (the upstream may still check)
+    limits: HttpLimits = field(default_factory=HttpLimits)
+    max_output_tokens: int | None = None  # the server's limit, when known: caps a chat's default max_tokens
 
     def __post_init__(self) -> None:
         if not 0 <= self.http_port < 65536:
@@ -106,12 +125,22 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _ssl_options(tls: TlsFiles | None) -> dict[str, Any]:
+    if tls is None:
+        return {}
+    for path, what in ((tls.cert_file, "tls_cert"), (tls.key_file, "tls_key"), (tls.client_ca_file, "tls_client_ca")):
+        if path is not None:
+            read_file(path, what)  # NOTE: an OSError naming the setting, not ssl's bare errno
+    required = {"ssl_ca_certs": tls.client_ca_file, "ssl_cert_reqs": ssl.CERT_REQUIRED} if tls.client_ca_file else {}
+    return {"ssl_certfile": tls.cert_file, "ssl_keyfile": tls.key_file, **required}
+
+
 class GatewayServer:
     """The gateway on uvicorn, in the running asyncio loop: `start`, then `stop` (graceful)."""
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.app = create_app(config.upstream, model_id=config.model_id, timeout_s=config.timeout_s)
+        self.app = app_for(config)
         self.port = 0
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -124,6 +153,7 @@ class GatewayServer:
         uv_config = uvicorn.Config(
             self.app, log_config=None, lifespan="on", access_log=cfg.access_log,
             timeout_graceful_shutdown=max(int(cfg.shutdown_grace_s), 1),
+            http=with_header_timeout(cfg.limits.header_timeout_s), **_ssl_options(cfg.tls),
         )  # fmt: skip
         self._server = _Server(uv_config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")
@@ -132,7 +162,8 @@ class GatewayServer:
                 self._task.result()  # raises why it failed
                 raise RuntimeError("the gateway stopped while starting")
             await asyncio.sleep(0.01)
-        logger.info("OpenAI gateway on http://%s:%d/v1 -> gRPC %s", cfg.host, self.port, cfg.upstream)
+        scheme = "https" if cfg.tls else "http"
+        logger.info("OpenAI gateway on %s://%s:%d/v1 -> gRPC %s", scheme, cfg.host, self.port, cfg.upstream)
 
     async def wait(self) -> None:
         """Until the server stops."""

@@ -8,7 +8,10 @@ import os
 import sys
 from typing import Any
 
+from infer.clients.channel import ClientTls
 from infer.server.gateway.app import DEFAULT_TIMEOUT_S, GatewayConfig, GatewayServer
+from infer.server.gateway.guard import HttpLimits
+from infer.server.security import ApiKeys, TlsFiles
 from infer.server.signals import run_until_signal
 
 
@@ -53,7 +56,41 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
         float,
     )
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    _add_security_flags(p)
+    _add_limit_flags(p)
     p.set_defaults(func=run_gateway_command)
+
+
+def _add_security_flags(p: argparse.ArgumentParser) -> None:
+    """TLS on the HTTP listener and to the upstream; API keys (the same INFER_* variables as `infer serve`)."""
+    _flag(p, "--tls-cert", "INFER_TLS_CERT", "", "HTTPS: certificate chain (PEM); needs --tls-key")
+    _flag(p, "--tls-key", "INFER_TLS_KEY", "", "HTTPS: private key (PEM)")
+    _flag(p, "--tls-client-ca", "INFER_TLS_CLIENT_CA", "", "mTLS: require client certificates signed by this CA")
+    _flag(p, "--api-key", "INFER_API_KEY", "", "API key(s), comma-separated (also forwarded: the upstream checks)")
+    _flag(p, "--api-keys-file", "INFER_API_KEYS_FILE", "", "a file of API keys, one a line (# comments)")
+    _flag(p, "--upstream-tls-ca", "INFER_UPSTREAM_TLS_CA", "", "TLS to the upstream, trusting this CA (PEM)")
+    p.add_argument("--upstream-tls", action="store_true", help="TLS to the upstream, trusting the system's roots")
+    _flag(p, "--upstream-tls-cert", "INFER_UPSTREAM_TLS_CERT", "", "mTLS to the upstream: client certificate")
+    _flag(p, "--upstream-tls-key", "INFER_UPSTREAM_TLS_KEY", "", "mTLS to the upstream: client private key")
+    _flag(p, "--upstream-tls-server-name", "INFER_UPSTREAM_TLS_SERVER_NAME", "",
+          "the name the upstream's certificate carries, when not the --upstream host")  # fmt: skip
+
+
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    d = HttpLimits()
+    _flag(p, "--max-request-bytes", "INFER_MAX_REQUEST_BYTES", str(d.max_request_bytes), "largest body (413)", int)
+    _flag(p, "--http-header-timeout-s", "INFER_HTTP_HEADER_TIMEOUT_S", f"{d.header_timeout_s:g}",
+          "a request's headers must arrive within this (408)", float)  # fmt: skip
+    _flag(p, "--http-body-timeout-s", "INFER_HTTP_BODY_TIMEOUT_S", f"{d.body_timeout_s:g}",
+          "a request's body must arrive within this (408)", float)  # fmt: skip
+    _flag(p, "--max-output-tokens", "INFER_MAX_OUTPUT_TOKENS", "",
+          "the upstream's max_output_tokens: caps a chat's default max_tokens", int)  # fmt: skip
+
+
+def _upstream_tls(args: argparse.Namespace) -> ClientTls | None:
+    if not (args.upstream_tls or args.upstream_tls_ca or args.upstream_tls_cert):
+        return None
+    return ClientTls(args.upstream_tls_ca, args.upstream_tls_cert, args.upstream_tls_key, args.upstream_tls_server_name)
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -65,6 +102,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         timeout_s=args.timeout_s,
         shutdown_grace_s=args.shutdown_grace_s,
         access_log=args.access_log,
+        tls=TlsFiles.from_settings(args.tls_cert, args.tls_key, args.tls_client_ca),
+        upstream_tls=_upstream_tls(args),
+        api_keys=ApiKeys.from_settings(args.api_key, args.api_keys_file),
+        limits=HttpLimits(args.max_request_bytes, args.http_header_timeout_s, args.http_body_timeout_s),
+        max_output_tokens=args.max_output_tokens,
     )
 
 
@@ -75,8 +117,13 @@ async def serve_gateway(config: GatewayConfig) -> None:
 
 def run_gateway_command(args: argparse.Namespace) -> int:
     try:
-        asyncio.run(serve_gateway(config_from_args(args)))
-    except OSError as e:  # a busy port
+        config = config_from_args(args)
+    except (OSError, ValueError) as e:  # an unreadable keys file, half a key pair
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve_gateway(config))
+    except OSError as e:  # a busy port, an unreadable certificate
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

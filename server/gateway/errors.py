@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 RETRY_AFTER_S = {429: 1, 503: 2}  # the Retry-After header of a refused request
 _TYPES = {  # OpenAI's error types by HTTP status; the rest are server_error
-    **dict.fromkeys((400, 404, 405, 409, 413, 422), "invalid_request_error"),
+    **dict.fromkeys((400, 401, 404, 405, 408, 409, 413, 422), "invalid_request_error"),
     429: "rate_limit_error",
     504: "timeout_error",
 }
@@ -40,6 +40,8 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def headers(self) -> dict[str, str]:
+        if self.status == 401:
+            return {"WWW-Authenticate": "Bearer"}
         retry_after_s = RETRY_AFTER_S.get(self.status)
         return {} if retry_after_s is None else {"Retry-After": str(retry_after_s)}
 
@@ -78,7 +80,7 @@ def _invalid_argument(details: str) -> APIError:
     match = _FIELD.match(details)
     field = match.group(1) if match else None
     param = _UPSTREAM_PARAMS.get(field, field) if field else None
-    if "exceeds max_model_len" in details:
+    if "exceeds max_model_len" in details or "exceeds max_prompt_tokens" in details:
         return APIError(400, details, code="context_length_exceeded", param="messages" if param is None else param)
     if field == "request_id":
         return APIError(409, details, code="duplicate_request_id", param="X-Request-Id")
@@ -95,6 +97,8 @@ def from_grpc(error: grpc.aio.AioRpcError | grpc.RpcError) -> APIError:
 def _from_status(code: grpc.StatusCode, details: str) -> APIError:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return _invalid_argument(details)
+    if code == grpc.StatusCode.UNAUTHENTICATED:  # the gateway forwards the caller's key: the caller's error
+        return APIError(401, details, code="invalid_api_key")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return APIError(429, f"server busy: {details}", code="rate_limit_exceeded")
     if code == grpc.StatusCode.UNAVAILABLE:

@@ -36,8 +36,8 @@ from infer.server.gateway.upstream import Metadata, Upstream
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 4 * 1024 * 1024  # NOTE: the gRPC server's default message limit; larger would fail there
-TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context, forwarded as gRPC metadata
+# forwarded as gRPC metadata: the caller's API key (the model server checks it), W3C trace context
+FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate")
 Handler = Callable[[Request, str], Awaitable[Response]]
 M = TypeVar("M", bound=BaseModel)
 
@@ -68,12 +68,9 @@ def _check_unicode(raw: bytes, data: Any) -> None:
 
 
 async def _parse(request: Request, schema: type[M]) -> M:
-    """400 for a body that is not a JSON object (or not text), 422 when it does not fit the schema."""
-    if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-        raise APIError(413, f"request body larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
+    """400 for a body that is not a JSON object (or not text), 422 when it does not fit the schema (size and
+    time: guard.py)."""
     raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise APIError(413, f"request body larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
     try:
         data = json.loads(raw)
     except ValueError as e:  # also UnicodeDecodeError
@@ -88,12 +85,15 @@ async def _parse(request: Request, schema: type[M]) -> M:
 
 
 def _metadata(request: Request) -> Metadata:
-    return [(name, request.headers[name]) for name in TRACE_HEADERS if name in request.headers]
+    return [(name, request.headers[name]) for name in FORWARDED_HEADERS if name in request.headers]
 
 
 class Routes:
-    def __init__(self, upstream: Upstream, metrics: GatewayMetrics, model_id: str | None) -> None:
+    def __init__(
+        self, upstream: Upstream, metrics: GatewayMetrics, model_id: str | None, max_output_tokens: int | None = None
+    ) -> None:
         self.upstream, self.metrics, self.model_id = upstream, metrics, model_id
+        self.max_output_tokens = max_output_tokens  # the server's limit: caps the default of a chat's max_tokens
         self.logged_fields: set[str] = set()  # unknown fields seen: each is logged once
         self.created = int(time.time())
 
@@ -105,11 +105,11 @@ class Routes:
                 logger.info("%s: ignoring the unknown field %r (logged once)", request.url.path, name)
         return body
 
-    async def _served_model(self) -> str:
-        return self.model_id or (await self.upstream.model_info()).model_id
+    async def _served_model(self, metadata: Metadata) -> str:
+        return self.model_id or (await self.upstream.model_info(metadata)).model_id
 
-    async def _check_model(self, name: str) -> str:
-        served = await self._served_model()
+    async def _check_model(self, name: str, metadata: Metadata) -> str:
+        served = await self._served_model(metadata)
         if name != served:
             message = f"model {name!r} not found: this server serves {served!r}"
             raise APIError(404, message, code="model_not_found", param="model")
@@ -141,7 +141,7 @@ class Routes:
 
     async def _completions(self, request: Request, request_id: str) -> Response:
         body = await self._parse(request, CompletionRequest)
-        model = await self._check_model(body.model)
+        model = await self._check_model(body.model, _metadata(request))
         meta = Meta(f"cmpl-{request_id}", model, int(time.time()), body.n, body.include_usage,
                     has_logprobs=body.logprobs is not None)  # fmt: skip
         requests = translate.completion_requests(body, request_id)
@@ -153,7 +153,7 @@ class Routes:
 
     async def _chat_completions(self, request: Request, request_id: str) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
-        model = await self._check_model(body.model)
+        model = await self._check_model(body.model, _metadata(request))
         max_tokens = body.max_new_tokens
         if max_tokens is None:
             max_tokens = await self._room_left(body, _metadata(request))
@@ -163,18 +163,19 @@ class Routes:
 
     async def _room_left(self, body: ChatCompletionRequest, metadata: Metadata) -> int:
         """No max_tokens: as many as the context leaves after the rendered messages."""
-        info = await self.upstream.model_info()
+        info = await self.upstream.model_info(metadata)
         num_prompt = await self.upstream.num_prompt_tokens(translate.chat_messages(body.messages), metadata)
         if num_prompt >= info.max_model_len:
             message = f"the messages take {num_prompt} tokens: no room left in max_model_len ({info.max_model_len})"
             raise APIError(400, message, code="context_length_exceeded", param="messages")
-        return info.max_model_len - num_prompt
+        room = info.max_model_len - num_prompt
+        return room if self.max_output_tokens is None else min(room, self.max_output_tokens)
 
     async def _generate(
         self, request: Request, body: Sampling, requests: Sequence[pb.GenerateRequest], fmt: Format
     ) -> Response:
         metadata, started_s = _metadata(request), time.monotonic()
-        await self._check_queue_bound(len(requests))
+        await self._check_queue_bound(len(requests), metadata)
         if body.stream:
             opened = await unless_disconnected(request.receive, start(self.upstream, requests, metadata))
             self.metrics.ttft.labels(request.url.path).observe(time.monotonic() - started_s)
@@ -185,9 +186,9 @@ class Routes:
         self.metrics.record_usage(choices, body.n)
         return JSONResponse(fmt.body(choices))
 
-    async def _check_queue_bound(self, num_streams: int) -> None:
+    async def _check_queue_bound(self, num_streams: int, metadata: Metadata) -> None:
         """400 when the server could never queue this many streams at once: a retry would not help."""
-        bound = (await self.upstream.model_info()).max_waiting_requests
+        bound = (await self.upstream.model_info(metadata)).max_waiting_requests
         if bound and num_streams > bound:
             message = (f"n: prompts × n = {num_streams} generations, more than the server ever queues at once "
                        f"({bound}, its max_waiting_requests)")  # fmt: skip
@@ -196,18 +197,18 @@ class Routes:
     async def _complete(self, requests: Sequence[pb.GenerateRequest], metadata: Metadata) -> list[Choice]:
         return await collect(await start(self.upstream, requests, metadata))
 
-    async def _model_card(self) -> Json:
-        info = await self.upstream.model_info()
+    async def _model_card(self, metadata: Metadata) -> Json:
+        info = await self.upstream.model_info(metadata)
         return {"id": self.model_id or info.model_id, "object": "model", "created": self.created,
                 "owned_by": "infer", "max_model_len": info.max_model_len}  # fmt: skip
 
     async def models(self, request: Request) -> Response:
         """GET /v1/models"""
-        return JSONResponse({"object": "list", "data": [await self._model_card()]})
+        return JSONResponse({"object": "list", "data": [await self._model_card(_metadata(request))]})
 
     async def model(self, request: Request) -> Response:
         """GET /v1/models/{model}"""
-        card = await self._model_card()
+        card = await self._model_card(_metadata(request))
         if request.path_params["model"] != card["id"]:
             raise APIError(404, f"model {request.path_params['model']!r} not found", code="model_not_found")
         return JSONResponse(card)

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from infer.clients.channel import ClientTls, aio_channel
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.clients.types import SERVICE_NAME
@@ -19,8 +20,13 @@ GenerateCall = Any  # grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateRe
 
 
 class Upstream:
-    def __init__(self, address: str, timeout_s: float | None = None) -> None:
-        self.address, self.timeout_s = address, timeout_s
+    """`address`: host:port (or unix:PATH); `tls`: how to reach it over TLS (None: plaintext).
+
+    Calls carry the caller's metadata, its `authorization` header included: the model server checks the key.
+    """
+
+    def __init__(self, address: str, timeout_s: float | None = None, tls: ClientTls | None = None) -> None:
+        self.address, self.timeout_s, self.tls = address, timeout_s, tls
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.InferenceServiceStub | None = None
         self._health: health_pb2_grpc.HealthStub | None = None
@@ -29,7 +35,7 @@ class Upstream:
     def _inference(self) -> pb_grpc.InferenceServiceStub:
         # NOTE: lazily: a grpc.aio channel belongs to the event loop it is created in
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.address)
+            self._channel = aio_channel(self.address, self.tls)
             self._stub = pb_grpc.InferenceServiceStub(self._channel)  # type: ignore[no-untyped-call]
             self._health = health_pb2_grpc.HealthStub(self._channel)
         return self._stub
@@ -37,11 +43,12 @@ class Upstream:
     def _unary_timeout_s(self) -> float:
         return UNARY_TIMEOUT_S if self.timeout_s is None else min(self.timeout_s, UNARY_TIMEOUT_S)
 
-    async def model_info(self) -> pb.GetModelInfoResponse:
-        """The served model; asked once, then remembered."""
+    async def model_info(self, metadata: Metadata = ()) -> pb.GetModelInfoResponse:
+        """The served model; asked once (with the first caller's key), then remembered."""
         if self._model_info is None:
+            request, timeout_s = pb.GetModelInfoRequest(), self._unary_timeout_s()
             try:
-                info = await self._inference().GetModelInfo(pb.GetModelInfoRequest(), timeout=self._unary_timeout_s())
+                info = await self._inference().GetModelInfo(request, timeout=timeout_s, metadata=metadata)
             except grpc.aio.AioRpcError as e:
                 raise from_grpc(e) from None
             self._model_info = info

@@ -1,0 +1,116 @@
+"""The gateway's front door, an ASGI middleware: API keys, the body's size and read time, quiet disconnects.
+
+- A key is needed everywhere but /health and /metrics (probes carry none): 401 in OpenAI's shape.
+- A body larger than max_request_bytes: 413 (by its Content-Length at once, else once it grows past).
+- A body that does not arrive within body_timeout_s of the request's start: 408, connection closed.
+- A client gone before its body arrived: a one-line INFO log, no traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from infer.server.gateway.errors import APIError
+from infer.server.security import ApiKeys
+
+logger = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    max_request_bytes: int = 4 * 1024 * 1024
+    header_timeout_s: float = 10.0  # enforced by the protocol (`protocol.py`), the rest here
+    body_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_request_bytes < 1:
+            raise ValueError("max_request_bytes: must be >= 1")
+        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("http_header_timeout_s, http_body_timeout_s: must be > 0")
+
+
+class _BodyError(Exception):
+    """The body broke a limit: answer `error` and close the connection."""
+
+    def __init__(self, error: APIError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _too_large(limit: int) -> APIError:
+    message = f"request body larger than {limit} bytes (setting max_request_bytes)"
+    return APIError(413, message, code="request_too_large")
+
+
+class _Body:
+    """`receive` with the limits applied while the body is still arriving; afterwards as it was."""
+
+    def __init__(self, receive: Receive, limits: HttpLimits) -> None:
+        self._receive, self.limits = receive, limits
+        self._deadline = asyncio.get_running_loop().time() + limits.body_timeout_s
+        self.num_bytes, self.is_complete = 0, False
+
+    async def receive(self) -> Message:
+        if self.is_complete:  # later calls wait for a disconnect while the response streams: no limit
+            return await self._receive()
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                message = await self._receive()
+        except TimeoutError:
+            text = f"request body not received within {self.limits.body_timeout_s:g} s (setting http_body_timeout_s)"
+            raise _BodyError(APIError(408, text, code="request_timeout")) from None
+        if message["type"] == "http.request":
+            self.num_bytes += len(message.get("body", b""))
+            self.is_complete = not message.get("more_body", False)
+            if self.num_bytes > self.limits.max_request_bytes:
+                raise _BodyError(_too_large(self.limits.max_request_bytes))
+        return message
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    value = next((v for k, v in scope["headers"] if k == name), None)
+    return None if value is None else bytes(value).decode("latin-1")
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "a client"
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, keys: ApiKeys | None, limits: HttpLimits) -> None:
+        self.app, self.keys, self.limits = app, keys, limits
+
+    def _refusal(self, scope: Scope) -> APIError | None:
+        if self.keys is not None and scope["path"] not in OPEN_PATHS:
+            refusal = self.keys.refusal(_header(scope, b"authorization"))
+            if refusal is not None:
+                return APIError(401, refusal, code="invalid_api_key")
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limits.max_request_bytes:
+            return _too_large(self.limits.max_request_bytes)
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is not None:  # NOTE: the body is never read: close rather than drain it
+            await refusal.response({"Connection": "close"} if refusal.status == 413 else {})(scope, receive, send)
+            return
+        body = _Body(receive, self.limits)
+        try:
+            await self.app(scope, body.receive, send)
+        except _BodyError as e:
+            logger.info("%s %s from %s: %d: %s", scope["method"], scope["path"], _client(scope), e.error.status, e)
+            await e.error.response({"Connection": "close"})(scope, receive, send)
+        except ClientDisconnect:
+            logger.info("%s %s: %s left before sending its whole body", scope["method"], scope["path"], _client(scope))

@@ -1,0 +1,124 @@
+"""The gateway's limits: body size (413), slow headers and bodies (408, closed, no ERROR log), max_tokens cap."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from infer.server.gateway.guard import HttpLimits
+from tests.unit.server.gateway.gateway_helpers import (
+    CHAT,
+    COMPLETIONS,
+    FakeInference,
+    FakeUpstream,
+    LoopThread,
+    RunningGateway,
+    chat_body,
+    completion_body,
+    error_of,
+    running_gateway,
+    wait_for,
+)
+
+LIMITS = HttpLimits(max_request_bytes=2048, header_timeout_s=0.5, body_timeout_s=0.5)
+READ_TIMEOUT_S = 10  # a bound on every socket read: the server must answer long before
+
+
+@pytest.fixture(scope="module")
+def limited(upstream: FakeUpstream, loop: LoopThread) -> Iterator[RunningGateway]:
+    with running_gateway(upstream.address, loop, limits=LIMITS, max_output_tokens=7) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+def errors(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """The captured logs; the test fails if anything logged an ERROR."""
+    caplog.set_level(logging.INFO)
+    yield caplog
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def _connect(gateway: RunningGateway) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", gateway.server.port), timeout=READ_TIMEOUT_S)
+    sock.settimeout(READ_TIMEOUT_S)
+    return sock
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def _timeout_error(response: bytes, setting: str) -> None:
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), response
+    assert b"connection: close" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout" and setting in error["message"], error
+
+
+def test_a_body_over_the_limit_is_refused_by_its_length(limited: RunningGateway, fake: FakeInference) -> None:
+    with httpx.Client(base_url=limited.url, timeout=30) as http:
+        error = error_of(http.post(COMPLETIONS, json=completion_body(prompt="x" * 3000)), 413)
+        assert error["code"] == "request_too_large" and "max_request_bytes" in str(error["message"])
+        chunks = (b"x" * 1000 for _ in range(3))  # no Content-Length: chunked
+        response = http.post(COMPLETIONS, content=chunks, headers={"Content-Type": "application/json"})
+        assert error_of(response, 413)["code"] == "request_too_large"
+        assert http.post(COMPLETIONS, json=completion_body(prompt="x" * 1500)).status_code == 200
+    assert [len(r.prompt) for r in fake.requests] == [1500]
+
+
+def test_a_body_shorter_than_its_length_times_out(limited: RunningGateway, errors: pytest.LogCaptureFixture) -> None:
+    with _connect(limited) as sock:
+        head = (
+            f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"model": ')
+        _timeout_error(_read_until_closed(sock), "http_body_timeout_s")
+    assert "408" in errors.text
+
+
+def test_partial_headers_time_out(limited: RunningGateway, errors: pytest.LogCaptureFixture) -> None:
+    with _connect(limited) as sock:
+        sock.sendall(f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\n".encode())
+        _timeout_error(_read_until_closed(sock), "http_header_timeout_s")
+    wait_for(lambda: "partial request headers" in errors.text)
+
+
+def test_an_idle_connection_is_closed_without_a_word(limited: RunningGateway, errors: pytest.LogCaptureFixture) -> None:
+    with _connect(limited) as sock:
+        assert _read_until_closed(sock) == b""
+
+
+def test_partial_headers_of_a_second_request_time_out(limited: RunningGateway) -> None:
+    with _connect(limited) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while b'"upstream"' not in first:
+            first += sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+        _timeout_error(_read_until_closed(sock), "http_header_timeout_s")
+
+
+def test_a_client_gone_mid_body_logs_one_info_line(limited: RunningGateway, errors: pytest.LogCaptureFixture) -> None:
+    with _connect(limited) as sock:
+        head = f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+        sock.sendall(head.encode() + b'{"model": ')
+    wait_for(lambda: "left before sending its whole body" in errors.text)
+
+
+def test_a_chats_default_max_tokens_is_capped_by_the_servers_limit(
+    limited: RunningGateway, fake: FakeInference
+) -> None:
+    with httpx.Client(base_url=limited.url, timeout=30) as http:
+        assert http.post(CHAT, json=chat_body()).status_code == 200
+        assert http.post(CHAT, json=chat_body(max_tokens=3)).status_code == 200
+    assert [r.sampling.max_tokens for r in fake.requests] == [7, 3]
