@@ -15,13 +15,16 @@ import grpc
 Metadata = Sequence[tuple[str, str]]
 
 
-def _read(path: str | None, what: str) -> bytes | None:
-    if path is None:
-        return None
+def read_file(path: str, what: str) -> bytes:
+    """The bytes of a TLS or keys file; OSError naming the setting when it cannot be read."""
     try:
         return Path(path).read_bytes()
     except OSError as e:
         raise OSError(f"{what}: cannot read {path}: {e.strerror or e}") from None
+
+
+def _read(path: str | None, what: str) -> bytes | None:
+    return None if path is None else read_file(path, what)
 
 
 @dataclass(frozen=True)

@@ -11,24 +11,17 @@ import hashlib
 import hmac
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
+
+from infer.clients.channel import read_file
 
 BEARER = "bearer "
 # NOTE: probes carry no key: health stays open (it tells only SERVING or not); reflection and the API do not
 OPEN_GRPC_PREFIXES = ("/grpc.health.v1.Health/",)
 MISSING_KEY = "missing API key: send the header 'authorization: Bearer <key>'"
 INVALID_KEY = "invalid API key"
-
-
-def read_file(path: str, what: str) -> bytes:
-    """The bytes of a TLS or keys file; OSError naming the setting when it cannot be read."""
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise OSError(f"{what}: cannot read {path}: {e.strerror or e}") from None
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,14 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from infer.clients.channel import ClientTls
+from infer.clients.channel import ClientTls, read_file
 from infer.server.gateway.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from infer.server.gateway.guard import Guard, HttpLimits
 from infer.server.gateway.metrics import GatewayMetrics, MetricsMiddleware
 from infer.server.gateway.protocol import with_header_timeout
 from infer.server.gateway.routes import Routes
 from infer.server.gateway.upstream import Upstream
-from infer.server.security import ApiKeys, TlsFiles, read_file
+from infer.server.security import ApiKeys, TlsFiles
 
 logger = logging.getLogger(__name__)
 
