@@ -52,7 +52,7 @@ test-slow: $(DEV_STAMP)
 	$(BIN)/pytest -q -m slow
 
 # soak: mixed traffic (slow readers, disconnects, deadlines, invalid) for 10 minutes; writes docs/reliability.md
-soak: $(STAMP)
+soak: $(DEV_STAMP)
 	$(BIN)/python benchmarks/soak.py
 
 # property-based fuzzing of both front doors, long (make test runs a short pass); prints what it hit

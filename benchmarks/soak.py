@@ -202,6 +202,9 @@ def _markdown(result: dict[str, Any]) -> str:
         f"- server RSS: {rss[0]:.0f} MiB in the first window, {rss[-1]:.0f} MiB in the last "
         f"({rss[-1] - rss[0]:+.0f} MiB)" if rss else "- server RSS: not sampled",
         f"- SIGTERM at the end: exit code {result['server_exit_code']}", "",
+        "The verdict lines must hold on any machine; the TTFT column depends on the machine's load (a window "
+        "that admits a burst of long prompts behind a preemption shows it), the RSS column on the allocator: "
+        "growth that flattens after the first windows is warm-up, growth in every window a leak.", "",
         "| outcome | count |", "|---|---|", *(f"| {k} | {n} |" for k, n in result["outcomes"].items()), "",
         "| window start (s) | requests | P99 TTFT (s) | RSS (MiB) |", "|---|---|---|---|",
         *(f"| {x['t_s']} | {x['requests']} | {x['p99_ttft_s']} | {x['rss_mib']} |" for x in w), "",
