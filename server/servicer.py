@@ -149,10 +149,17 @@ def _checked_prompt(engine: EngineClient, request: pb.GenerateRequest, params: S
     try:
         engine.validate(prompt, params)
     except ValueError as e:
-        message = str(e)
-        is_sampling = message.startswith(("max_tokens:", "stop_token_ids:"))
-        raise ValueError(f"sampling.{message}" if is_sampling else message) from None
+        raise ValueError(_proto_field(str(e), request.WhichOneof("input"))) from None
     return prompt
+
+
+def _proto_field(message: str, input_kind: str | None) -> str:
+    """An engine error named after the request's own field: `sampling.max_tokens`, `messages` (a chat prompt)."""
+    if message.startswith(("max_tokens:", "stop_token_ids:")):
+        return f"sampling.{message}"
+    if message.startswith("prompt:") and input_kind == "messages":
+        return "messages:" + message.removeprefix("prompt:")
+    return message
 
 
 def _admit_by_deadline(engine: EngineClient, num_prompt_tokens: int, time_remaining_s: float | None) -> None:

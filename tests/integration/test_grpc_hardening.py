@@ -121,3 +121,11 @@ def test_tokenizing_a_prompt_does_not_stall_other_rpcs(
         release.set()
     assert list(tokenizing.result(timeout=10).token_ids) == encode("a huge prompt")
     server.wait_idle()
+
+
+def test_a_chat_too_long_is_named_messages(server: ServerThread, channel: grpc.Channel) -> None:
+    messages = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="fox " * 400)])
+    stub = pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+    error = _error(stub.Generate(pb.GenerateRequest(messages=messages), timeout=10))
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert (error.details() or "").startswith("messages: ") and "exceeds max_model_len" in (error.details() or "")
