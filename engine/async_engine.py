@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 class AsyncEngine:
-    """`async for delta in engine.generate(...)`; the step loop never runs on the event loop.
+    """`async with engine.generate(...) as stream`; the step loop never runs on the event loop.
 
     Implements `EngineClient`, the interface the server uses. `core` is the engine core it drives: for
     tests and tools, not for the server.
