@@ -62,7 +62,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction, with_settings: bool) -> N
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    from infer.clients.cli import add_client_parser
+    from infer.clients.cli import add_client_parser, add_health_parser
     from infer.server.gateway.cli import add_gateway_parser
 
     parser = argparse.ArgumentParser(prog="infer", description="LLM inference: generate, serve, call.")
@@ -82,6 +82,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
     _add_serve_parser(sub, with_settings=argv is None or "serve" in argv)
     add_client_parser(sub)
+    add_health_parser(sub)
     add_gateway_parser(sub)
     return parser
 
