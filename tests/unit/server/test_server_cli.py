@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from infer.server.cli import build_parser
 from infer.server.settings import SETTINGS
@@ -27,3 +29,16 @@ def test_client_commands_do_not_import_the_engine() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_prepare_model_prints_the_converted_default_model(default_model_dir: Path, tmp_path: Path) -> None:
+    """`infer prepare-model` (an image build step) finds a converted model under $XDG_CACHE_HOME/infer/models."""
+    models = tmp_path / "infer" / "models"
+    models.mkdir(parents=True)
+    (models / default_model_dir.name).symlink_to(default_model_dir)
+    env = os.environ | {"XDG_CACHE_HOME": str(tmp_path)}
+    cmd = [sys.executable, "-m", "infer", "prepare-model"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{models / default_model_dir.name}\n"
+    assert result.stderr == ""  # nothing converted again
