@@ -105,9 +105,10 @@ def test_routes_reach_named_ports(rendered: dict[str, list[Manifest]], case: str
                 assert backend["port"]["name"] in {p["name"] for p in services[backend["name"]]["spec"]["ports"]}
     for monitor in of_kind(manifests, "ServiceMonitor"):
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
-        chosen = [s for s in services.values() if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        chosen = [s for s in services.values() if selects(selector, s["metadata"]["labels"])]
         port_names = {p["name"] for s in chosen for p in s["spec"]["ports"]}
-        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= port_names
+        assert chosen and {e["port"] for e in monitor["spec"]["endpoints"]} <= port_names
     assert {m["kind"] for m in manifests} - CRD_KINDS <= {
         "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Ingress", "ServiceAccount", "Pod",
     }  # fmt: skip
