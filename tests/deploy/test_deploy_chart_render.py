@@ -11,7 +11,7 @@ from kubernetes_validate import utils as k8s
 
 from infer.server.cli import build_parser
 from infer.server.gateway.cli import config_from_args as gateway_config
-from infer.server.settings import ServerConfig, add_settings, config_from_args
+from infer.server.settings import ServerConfig, config_from_args
 from tests.deploy.chart import (
     CASES,
     CHART,
@@ -122,19 +122,22 @@ def _env_names(command: str) -> set[str]:
     return {h.split("[env ", 1)[1].split(";")[0] for h in helps if "[env " in h}
 
 
-def _server_config(variables: dict[str, str]) -> ServerConfig:
-    parser = argparse.ArgumentParser()
-    add_settings(parser, environ=variables)
-    return config_from_args(parser.parse_args([]))
+def _server_config(variables: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> ServerConfig:
+    """What `infer serve` makes of these variables: its whole command line is built, as in the container."""
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    return config_from_args(build_parser(["serve"]).parse_args(["serve"]))
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_server_env_is_a_valid_infer_serve_config(rendered: dict[str, list[Manifest]], case: str) -> None:
+def test_server_env_is_a_valid_infer_serve_config(
+    rendered: dict[str, list[Manifest]], case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     variables, values = env(server_container(rendered[case])), chart_values(case)
     infer_names = {name for name in variables if name.startswith("INFER_")}
     # NOTE: INFER_KERNELS is read by infer.kernels.backend, not by a flag
     assert infer_names <= _env_names("serve") | {"INFER_KERNELS"}
-    config = _server_config(variables)
+    config = _server_config(variables, monkeypatch)
     separate = values["gateway"]["mode"] == "separate"
     assert (config.host, config.grpc_port) == ("0.0.0.0", values["ports"]["grpc"])
     assert config.http_port == (None if separate else values["ports"]["http"])
