@@ -58,6 +58,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     XDG_CACHE_HOME=/opt/infer/cache \
+    TRITON_HOME=/tmp \
     TRITON_CACHE_DIR=/tmp/triton \
     INFER_HOST=0.0.0.0 \
     INFER_DEVICE=${DEVICE}
