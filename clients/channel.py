@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -21,6 +22,15 @@ def read_file(path: str, what: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as e:
         raise OSError(f"{what}: cannot read {path}: {e.strerror or e}") from None
+
+
+def read_keys(path: str, what: str) -> list[str]:
+    """The API keys of a keys file: one a line; blank lines and `#` comments skipped; ValueError when none."""
+    lines = [line.strip() for line in read_file(path, what).decode("utf-8").splitlines()]
+    keys = [line for line in lines if line and not line.startswith("#")]
+    if not keys:
+        raise ValueError(f"{what}: no key in {path}")
+    return keys
 
 
 def _read(path: str | None, what: str) -> bytes | None:
@@ -58,11 +68,13 @@ def channel(address: str, tls: ClientTls | None = None) -> grpc.Channel:
     return grpc.secure_channel(address, tls.credentials(), options=tls.options())
 
 
-def aio_channel(address: str, tls: ClientTls | None = None) -> grpc.aio.Channel:
-    """An asyncio channel (belongs to the running loop): plaintext unless `tls`."""
+def aio_channel(
+    address: str, tls: ClientTls | None = None, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.aio.Channel:
+    """An asyncio channel (belongs to the running loop): plaintext unless `tls`; `options`: gRPC channel args."""
     if tls is None:
-        return grpc.aio.insecure_channel(address)
-    return grpc.aio.secure_channel(address, tls.credentials(), options=tls.options())
+        return grpc.aio.insecure_channel(address, options=list(options))
+    return grpc.aio.secure_channel(address, tls.credentials(), options=[*tls.options(), *options])
 
 
 def with_api_key(metadata: Metadata, api_key: str | None) -> Metadata:

@@ -6,9 +6,11 @@ import argparse
 import json
 import os
 import sys
+import time
+from collections.abc import Mapping
 from dataclasses import asdict
 
-from infer.clients.channel import ClientTls
+from infer.clients.channel import ClientTls, read_keys
 from infer.clients.client import DEFAULT_ADDRESS, InferClient
 from infer.clients.types import InferError, Prompt, Sampling
 
@@ -17,7 +19,13 @@ def _client(args: argparse.Namespace) -> InferClient:
     tls = None
     if args.tls or args.tls_ca or args.tls_cert:
         tls = ClientTls(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key)
-    return InferClient(args.address, timeout_s=args.timeout_s, tls=tls, api_key=args.api_key)
+    return InferClient(args.address, timeout_s=args.timeout_s, tls=tls, api_key=_api_key(args))
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    if args.api_key_file is None:
+        return args.api_key  # type: ignore[no-any-return]
+    return read_keys(args.api_key_file, "api_key_file")[0]
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -71,6 +79,9 @@ def add_client_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     client.add_argument(
         "--api-key", default=env("INFER_API_KEY"), help="sent as 'authorization: Bearer <key>' [env INFER_API_KEY]"
     )
+    client.add_argument(
+        "--api-key-file", default=None, help="send the first key of this file (one a line, as infer serve reads)"
+    )
     client.add_argument("--tls", action="store_true", help="TLS, trusting the system's root certificates")
     client.add_argument("--tls-ca", default=env("INFER_TLS_CA"), help="TLS, trusting this CA (PEM) [env INFER_TLS_CA]")
     client.add_argument("--tls-cert", default=env("INFER_TLS_CLIENT_CERT"), help="mTLS: client certificate (PEM)")
@@ -92,3 +103,46 @@ def add_client_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     tok.add_argument("text")
     tok.add_argument("--chat", action="store_true", help="tokenize the text as a user chat message")
     tok.set_defaults(client_func=_tokenize)
+
+
+def health_address(environ: Mapping[str, str]) -> str:
+    """INFER_ADDRESS, else this host at INFER_GRPC_PORT (what `infer serve` listens on), else the default."""
+    if address := environ.get("INFER_ADDRESS"):
+        return address
+    if port := environ.get("INFER_GRPC_PORT"):
+        return f"127.0.0.1:{port}"
+    return DEFAULT_ADDRESS
+
+
+def _check_health(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.wait_s
+    with InferClient(args.address, timeout_s=args.timeout_s) as client:
+        while True:
+            try:
+                status = client.health(args.service)
+            except InferError as e:
+                status = f"{e.code.name}: {e.details}"
+            if status == "SERVING" or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+    print(f"{args.address}: {status}", file=sys.stdout if status == "SERVING" else sys.stderr)
+    return 0 if status == "SERVING" else 1
+
+
+def add_health_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """`infer health`: exit 0 when the server's grpc.health.v1 status is SERVING, else 1 (a container probe)."""
+    default = health_address(os.environ)
+    p = sub.add_parser(
+        "health",
+        help="check a server's grpc.health.v1 status: exit 0 when SERVING, 1 otherwise",
+        description="A probe for containers: no model, no torch; one Check call (or several with --wait-s).",
+    )
+    p.add_argument(
+        "--address",
+        default=default,
+        help=f"server host:port [env INFER_ADDRESS, else 127.0.0.1:$INFER_GRPC_PORT; default: {default}]",
+    )
+    p.add_argument("--service", default="", help="the service to check ('' = the whole server)")
+    p.add_argument("--timeout-s", type=float, default=3.0, help="deadline of each Check call")
+    p.add_argument("--wait-s", type=float, default=0.0, help="keep checking until SERVING or this many seconds")
+    p.set_defaults(func=_check_health)

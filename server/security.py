@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from infer.clients.channel import read_file
+from infer.clients.channel import read_file, read_keys
 
 BEARER = "bearer "
 # NOTE: probes carry no key: health stays open (it tells only SERVING or not); reflection and the API do not
@@ -74,12 +74,7 @@ class ApiKeys:
         if api_key is not None and not keys:
             raise ValueError("api_key: no key given")
         if api_keys_file is not None:
-            text = read_file(api_keys_file, "api_keys_file").decode("utf-8")
-            lines = [line.strip() for line in text.splitlines()]
-            from_file = [line for line in lines if line and not line.startswith("#")]
-            if not from_file:
-                raise ValueError(f"api_keys_file: no key in {api_keys_file}")
-            keys += from_file
+            keys += read_keys(api_keys_file, "api_keys_file")
         return cls(keys) if keys else None
 
     def is_valid(self, key: str) -> bool:

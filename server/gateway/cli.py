@@ -20,11 +20,13 @@ def _optional_seconds(text: str) -> float | None:
 
 
 def _flag(parser: argparse.ArgumentParser, flag: str, env: str, default: str, help: str, parse: Any = str) -> None:
-    """A flag whose default comes from `env`, else `default`."""
+    """A flag whose default comes from `env`, else `default`.
+
+    NOTE: the default stays text, which argparse converts only when `infer gateway` is what runs: other
+    commands read the same variables their own way (`INFER_HTTP_PORT=off infer serve`).
+    """
     raw = os.environ.get(env, default)
-    parser.add_argument(
-        flag, type=parse, default=parse(raw) if raw else None, help=f"{help} [env {env}; default: {default or 'none'}]"
-    )
+    parser.add_argument(flag, type=parse, default=raw or None, help=f"{help} [env {env}; default: {default or 'none'}]")
 
 
 def add_gateway_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

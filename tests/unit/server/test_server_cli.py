@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from infer.server.cli import build_parser
-from infer.server.settings import SETTINGS
+from infer.server.settings import SETTINGS, config_from_args
 
 
 def test_serve_takes_every_setting_as_a_flag() -> None:
@@ -14,6 +18,17 @@ def test_serve_takes_every_setting_as_a_flag() -> None:
     args = build_parser(argv).parse_args(argv)
     assert all(hasattr(args, s.name) for s in SETTINGS)
     assert (args.grpc_port, args.max_num_seqs, args.enable_prefix_caching) == (0, 4, False)
+
+
+def test_serve_reads_off_ports_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gRPC-only server (what the Helm chart runs behind a separate gateway): the gateway's flags share
+    INFER_HTTP_PORT but must not parse it unless `infer gateway` runs."""
+    monkeypatch.setenv("INFER_HTTP_PORT", "off")
+    monkeypatch.setenv("INFER_METRICS_PORT", "off")
+    config = config_from_args(build_parser(["serve"]).parse_args(["serve"]))
+    assert (config.http_port, config.metrics_port) == (None, None)
+    with pytest.raises(SystemExit):  # the gateway itself needs a port
+        build_parser(["gateway"]).parse_args(["gateway"])
 
 
 def test_client_commands_do_not_import_the_engine() -> None:
@@ -27,3 +42,16 @@ def test_client_commands_do_not_import_the_engine() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_prepare_model_prints_the_converted_default_model(default_model_dir: Path, tmp_path: Path) -> None:
+    """`infer prepare-model` (an image build step) finds a converted model under $XDG_CACHE_HOME/infer/models."""
+    models = tmp_path / "infer" / "models"
+    models.mkdir(parents=True)
+    (models / default_model_dir.name).symlink_to(default_model_dir)
+    env = os.environ | {"XDG_CACHE_HOME": str(tmp_path)}
+    cmd = [sys.executable, "-m", "infer", "prepare-model"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{models / default_model_dir.name}\n"
+    assert result.stderr == ""  # nothing converted again

@@ -1,0 +1,245 @@
+"""The Helm chart, rendered for its defaults and each charts/infer/ci value file: lint, Kubernetes 1.31 schemas,
+and the wiring a cluster would only reveal at run time (probe ports, grace periods, selectors, env)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+from kubernetes_validate import utils as k8s
+
+from infer.server.cli import build_parser
+from infer.server.gateway.cli import config_from_args as gateway_config
+from infer.server.settings import ServerConfig, config_from_args
+from tests.deploy.chart import (
+    CASES,
+    CHART,
+    K8S_VERSION,
+    Manifest,
+    chart_values,
+    containers,
+    env,
+    of_kind,
+    one,
+    pod_labels,
+    pod_spec,
+    render,
+    run_helm,
+    selects,
+    values_args,
+)
+
+SERVER, GATEWAY, HEADLESS = "rel-infer", "rel-infer-gateway", "rel-infer-headless"
+CRD_KINDS = {"ServiceMonitor"}  # not in Kubernetes' schemas: checked by hand below
+
+
+def server_container(manifests: list[Manifest]) -> Manifest:
+    return pod_spec(one(manifests, "Deployment", SERVER))["containers"][0]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_helm_lint_strict(helm: str, case: str) -> None:
+    result = run_helm(helm, "lint", "--strict", str(CHART), *values_args(case))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_manifests_pass_strict_kubernetes_schemas(rendered: dict[str, list[Manifest]], case: str) -> None:
+    """What `kubernetes-validate --strict -k 1.31` checks: every field known and well typed."""
+    for manifest in rendered[case]:
+        if manifest["kind"] in CRD_KINDS:
+            continue
+        try:
+            k8s.validate(manifest, K8S_VERSION, strict=True)
+        except k8s.ValidationError as e:
+            raise AssertionError(f"{manifest['kind']} {manifest['metadata']['name']}: {e.message}") from None
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_probes_check_grpc_health_on_the_grpc_port(rendered: dict[str, list[Manifest]], case: str) -> None:
+    server, values = server_container(rendered[case]), chart_values(case)
+    ports = {p["name"]: p["containerPort"] for p in server["ports"]}
+    assert ports["grpc"] == values["ports"]["grpc"] == int(env(server)["INFER_GRPC_PORT"])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["grpc"] == {"port": ports["grpc"]}, probe
+    startup = server["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300  # room to load a model
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_grace_period_outlasts_the_drain(rendered: dict[str, list[Manifest]], case: str) -> None:
+    for deployment in of_kind(rendered[case], "Deployment"):
+        spec = pod_spec(deployment)
+        container = spec["containers"][0]
+        pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", ["sleep", "0"])
+        drain_s = float(pre_stop[1]) + float(env(container)["INFER_SHUTDOWN_GRACE_S"])
+        assert spec["terminationGracePeriodSeconds"] > drain_s, deployment["metadata"]["name"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_selectors_match_pod_labels(rendered: dict[str, list[Manifest]], case: str) -> None:
+    manifests = rendered[case]
+    pods = {d["metadata"]["name"]: d for d in of_kind(manifests, "Deployment")}
+    for name, deployment in pods.items():
+        assert selects(deployment["spec"]["selector"]["matchLabels"], pod_labels(deployment)), name
+    for service in of_kind(manifests, "Service"):
+        chosen = [d for d in pods.values() if selects(service["spec"]["selector"], pod_labels(d))]
+        assert len(chosen) == 1, f"Service {service['metadata']['name']} selects {len(chosen)} Deployments"
+        port_names = {p["name"] for c in pod_spec(chosen[0])["containers"] for p in c["ports"]}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names, service["metadata"]["name"]
+    for pdb in of_kind(manifests, "PodDisruptionBudget"):
+        assert any(selects(pdb["spec"]["selector"]["matchLabels"], pod_labels(d)) for d in pods.values())
+    for hpa in of_kind(manifests, "HorizontalPodAutoscaler"):
+        target = pods[hpa["spec"]["scaleTargetRef"]["name"]]
+        assert "replicas" not in target["spec"], "the HPA owns the replica count"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_routes_reach_named_ports(rendered: dict[str, list[Manifest]], case: str) -> None:
+    manifests = rendered[case]
+    services = {s["metadata"]["name"]: s for s in of_kind(manifests, "Service")}
+    for ingress in of_kind(manifests, "Ingress"):
+        for rule in ingress["spec"]["rules"]:
+            for path in rule["http"]["paths"]:
+                backend = path["backend"]["service"]
+                assert backend["port"]["name"] in {p["name"] for p in services[backend["name"]]["spec"]["ports"]}
+    for monitor in of_kind(manifests, "ServiceMonitor"):
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        chosen = [s for s in services.values() if selects(selector, s["metadata"]["labels"])]
+        port_names = {p["name"] for s in chosen for p in s["spec"]["ports"]}
+        assert chosen and {e["port"] for e in monitor["spec"]["endpoints"]} <= port_names
+    assert {m["kind"] for m in manifests} - CRD_KINDS <= {
+        "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Ingress", "ServiceAccount", "Pod",
+    }  # fmt: skip
+
+
+def _env_names(command: str) -> set[str]:
+    """The INFER_* variables that `infer <command>` reads, from its flags' help (`[env INFER_X; ...]`)."""
+    parser = build_parser([command])
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    helps = [a.help or "" for a in (*parser._actions, *sub._actions)]
+    return {h.split("[env ", 1)[1].split(";")[0] for h in helps if "[env " in h}
+
+
+def _server_config(variables: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> ServerConfig:
+    """What `infer serve` makes of these variables: its whole command line is built, as in the container."""
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    return config_from_args(build_parser(["serve"]).parse_args(["serve"]))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_server_env_is_a_valid_infer_serve_config(
+    rendered: dict[str, list[Manifest]], case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    variables, values = env(server_container(rendered[case])), chart_values(case)
+    infer_names = {name for name in variables if name.startswith("INFER_")}
+    # NOTE: INFER_KERNELS is read by infer.kernels.backend, not by a flag
+    assert infer_names <= _env_names("serve") | {"INFER_KERNELS"}
+    config = _server_config(variables, monkeypatch)
+    separate = values["gateway"]["mode"] == "separate"
+    assert (config.host, config.grpc_port) == ("0.0.0.0", values["ports"]["grpc"])
+    assert config.http_port == (None if separate else values["ports"]["http"])
+    assert config.metrics_port == (values["ports"]["metrics"] if values["metrics"]["enabled"] else None)
+    assert config.shutdown_grace_s == values["shutdownGraceS"]
+    for name, value in values["config"].items():
+        if value is not None:
+            assert getattr(config.engine, name, getattr(config, name, None)) == value, name
+
+
+def test_separate_gateway_env_is_a_valid_infer_gateway_config(
+    rendered: dict[str, list[Manifest]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifests, values = rendered["gateway"], chart_values("gateway")
+    variables = env(pod_spec(one(manifests, "Deployment", GATEWAY))["containers"][0])
+    assert set(variables) <= _env_names("gateway")
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    config = gateway_config(build_parser(["gateway"]).parse_args(["gateway"]))
+    assert config.upstream == f"dns:///{HEADLESS}.ml.svc:{values['ports']['grpc']}"
+    assert one(manifests, "Service", HEADLESS)["spec"]["clusterIP"] == "None"
+    assert (config.http_port, config.timeout_s, config.model_id) == (8000, 120.0, "smollm2")
+    server = server_container(manifests)
+    assert env(server)["INFER_HTTP_PORT"] == "off" and "http" not in {p["name"] for p in server["ports"]}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_model_directory_is_mounted(rendered: dict[str, list[Manifest]], case: str) -> None:
+    deployment = one(rendered[case], "Deployment", SERVER)
+    server = pod_spec(deployment)["containers"][0]
+    model = env(server).get("INFER_MODEL")
+    source = chart_values(case)["model"]["source"]
+    if source == "image":
+        assert model is None  # the default model baked into the image
+        return
+    assert model is not None
+    mounts = {m["mountPath"]: m["name"] for m in server["volumeMounts"]}
+    volume = next(name for path, name in mounts.items() if model.startswith(path + "/"))
+    if source == "copy":
+        copier = pod_spec(deployment)["initContainers"][0]
+        assert copier["command"][:2] == ["cp", "-R"] and copier["command"][3] == "/models/"
+        assert {m["name"] for m in copier["volumeMounts"] if m["mountPath"] == "/models"} == {volume}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gpus_only_where_asked(rendered: dict[str, list[Manifest]], case: str) -> None:
+    server, count = server_container(rendered[case]), chart_values(case)["gpu"]["count"]
+    limits: dict[str, Any] = server["resources"].get("limits", {})
+    assert limits.get("nvidia.com/gpu", 0) == count
+    assert server["image"].endswith("-cuda") == (count > 0 and not chart_values(case)["image"]["tag"])
+    assert (env(server).get("INFER_DEVICE") == "cuda") == (count > 0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_autoscaling(rendered: dict[str, list[Manifest]], case: str) -> None:
+    manifests, autoscaling = rendered[case], chart_values(case)["autoscaling"]
+    hpas = of_kind(manifests, "HorizontalPodAutoscaler")
+    if not autoscaling["enabled"]:
+        assert hpas == [] and one(manifests, "Deployment", SERVER)["spec"]["replicas"] == 3
+        return
+    (metric,) = hpas[0]["spec"]["metrics"]
+    if autoscaling["metric"] == "cpu":
+        assert metric["resource"]["target"] == {"type": "Utilization", "averageUtilization": 70}
+    else:
+        assert metric["pods"]["metric"]["name"] == "infer_requests_waiting"
+        assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "8"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_helm_test_pod_checks_health_then_generates(rendered: dict[str, list[Manifest]], case: str) -> None:
+    manifests = rendered[case]
+    (pod,) = of_kind(manifests, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    health, generate = pod["spec"]["initContainers"][0], pod["spec"]["containers"][0]
+    address = f"{SERVER}:{chart_values(case)['ports']['grpc']}"
+    assert health["args"][:3] == ["health", "--address", address]
+    assert generate["args"][:3] == ["client", "--address", address] and "generate" in generate["args"]
+    assert one(manifests, "Service", SERVER)["spec"]["ports"][0]["port"] == int(address.rsplit(":")[1])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_read_only_root_with_a_writable_tmp(rendered: dict[str, list[Manifest]], case: str) -> None:
+    for deployment in of_kind(rendered[case], "Deployment"):
+        for container in containers(deployment):
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            if container in pod_spec(deployment)["containers"]:
+                assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}
+
+
+def test_api_keys_come_from_a_mounted_secret(helm: str) -> None:
+    manifests = render(helm, "--set", "apiKeys.secretName=infer-keys")
+    (server,) = [d for d in of_kind(manifests, "Deployment") if d["metadata"]["name"] == "rel-infer"]
+    pod = server["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "server"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["INFER_API_KEYS_FILE"] == "/etc/infer/api-keys/keys"
+    assert {"name": "api-keys", "mountPath": "/etc/infer/api-keys", "readOnly": True} in container["volumeMounts"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "api-keys")
+    assert volume["secret"] == {"secretName": "infer-keys", "items": [{"key": "keys", "path": "keys"}]}
+    (test_pod,) = of_kind(manifests, "Pod")
+    args = test_pod["spec"]["containers"][0]["args"]
+    assert args[args.index("--api-key-file") + 1] == "/etc/infer/api-keys/keys"
+    assert "api-keys" in {v["name"] for v in test_pod["spec"]["volumes"]}
+    assert "INFER_API_KEYS_FILE" not in str(render(helm))  # off by default
