@@ -1,0 +1,86 @@
+"""The compiled CPU kernels: where `make setup` builds them, and loading them at the first CPU call.
+
+The C++ sources in `kernels/csrc/` are built ahead of time by
+`python -m infer.kernels.cpu_build` (run by `make setup` and `make test`), with
+`-march=native` for the machine that builds them. The library lands in
+`<cache>/<tag>/`, where the tag hashes the sources, the torch version and this
+CPU's feature flags, so a changed source or a different CPU (the same disk on
+another machine) never loads a stale or foreign build: it finds no library,
+and the PyTorch references run instead; the log says so once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CSRC_DIR = Path(__file__).resolve().parent / "csrc"
+SOURCES = ("paged_attention.cpp", "int8_linear.cpp")
+LIBRARY_NAME = "infer_cpu"
+
+
+def cache_root() -> Path:
+    """`$INFER_KERNEL_CACHE`, else `$XDG_CACHE_HOME/infer/kernels` (XDG_CACHE_HOME defaults to `~/.cache`)."""
+    explicit = os.environ.get("INFER_KERNEL_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "infer" / "kernels"
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (`/proc/cpuinfo`); empty where that file does not exist."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+@functools.cache
+def build_tag() -> str:
+    """A hash of what the library depends on: sources, torch version, machine and CPU features."""
+    digest = hashlib.sha256()
+    for name in sorted(p.name for p in CSRC_DIR.iterdir() if p.suffix in (".cpp", ".h")):
+        digest.update(name.encode() + (CSRC_DIR / name).read_bytes())
+    digest.update(f"{torch.__version__} {platform.machine()} {' '.join(sorted(cpu_flags()))}".encode())
+    return digest.hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    return cache_root() / build_tag()
+
+
+def library_path() -> Path:
+    return build_dir() / f"{LIBRARY_NAME}.so"
+
+
+@functools.cache
+def load() -> bool:
+    """Load the compiled kernels once; False (and one log line) when they are not built here."""
+    path = library_path()
+    if not path.is_file():
+        logger.warning(
+            "compiled CPU kernels not built for this source and CPU (%s): the PyTorch references run; "
+            "`make setup` or `python -m infer.kernels.cpu_build` builds them",
+            path,
+        )
+        return False
+    try:
+        torch.ops.load_library(str(path))
+    except OSError as e:
+        logger.warning("compiled CPU kernels at %s did not load (%s): the PyTorch references run", path, e)
+        return False
+    logger.info("compiled CPU kernels loaded from %s", path)
+    return True
