@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev test test-fast test-slow lint typecheck proto clean bench-offline
+.PHONY: serve setup setup-dev kernels test test-fast test-slow lint typecheck proto clean bench-offline
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +24,17 @@ $(DEV_STAMP): $(STAMP) pyproject.toml
 	$(PIP) install -e '.[dev]'
 	touch $@
 
-setup: $(STAMP)
+# the compiled CPU kernels, built for this machine against the venv's torch (a no-op when up to date;
+# without a compiler it says so and the PyTorch references run)
+kernels: $(STAMP)
+	$(BIN)/python -m infer.kernels.cpu_build
 
-serve: $(STAMP)
+setup: $(STAMP) kernels
+
+serve: $(STAMP) kernels
 	$(BIN)/infer serve
 
-setup-dev: $(DEV_STAMP)
+setup-dev: $(DEV_STAMP) kernels
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
@@ -42,13 +47,13 @@ typecheck: $(DEV_STAMP)
 	for p in $(SUBPACKAGES); do ln -s ../../$$p .typecheck/infer/$$p; done
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml -p infer
 
-test: lint typecheck
+test: lint typecheck kernels
 	$(BIN)/pytest -q --durations=15
 
-test-fast: $(DEV_STAMP)
+test-fast: $(DEV_STAMP) kernels
 	$(BIN)/pytest -q -x
 
-test-slow: $(DEV_STAMP)
+test-slow: $(DEV_STAMP) kernels
 	$(BIN)/pytest -q -m slow
 
 # regenerate the committed gRPC stubs (clients/proto/v1/) from proto/infer/v1/*.proto
@@ -56,7 +61,7 @@ proto: $(DEV_STAMP)
 	$(BIN)/python -m infer.clients.proto.codegen
 
 # benchmarks: not tests; each writes JSON and a Markdown table to docs/benchmarks/
-bench-offline: $(DEV_STAMP)
+bench-offline: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/offline.py
 
 clean:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from infer.kernels.attention import AttentionMetadata, AttentionSpec
+
 logger = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
@@ -84,3 +86,50 @@ def load() -> bool:
         return False
     logger.info("compiled CPU kernels loaded from %s", path)
     return True
+
+
+_COMPILED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def supports_attention(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the compiled attention takes these tensors (CPU, fp32 or bf16 caches, rows contiguous)."""
+    return (
+        k_cache.device.type == "cpu"
+        and k_cache.dtype in _COMPILED_DTYPES
+        and query.dtype == k_cache.dtype
+        and query.stride(-1) == 1
+    )
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    spec: AttentionSpec,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """The compiled twin of `attention.paged_attention_ref`: writes this step's K/V, then attends."""
+    key, value = _rows(key, k_cache.dtype), _rows(value, k_cache.dtype)
+    out: torch.Tensor = torch.ops.infer_cpu.paged_attention(
+        query, key, value, k_cache, v_cache, meta.slot_mapping.long(), meta.block_tables.int().contiguous(),
+        meta.query_start_loc.int(), meta.seq_lens.int(), spec.scale, spec.sliding_window or 0, spec.softcap or 0.0,
+    )  # fmt: skip
+    return out
+
+
+def write_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64; a negative slot skips the token
+) -> None:
+    key, value = _rows(key, k_cache.dtype), _rows(value, k_cache.dtype)
+    torch.ops.infer_cpu.write_kv(key, value, k_cache, v_cache, slot_mapping.long().contiguous())
+
+
+def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    x = x.to(dtype)
+    return x if x.stride(-1) == 1 else x.contiguous()

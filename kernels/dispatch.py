@@ -1,4 +1,4 @@
-"""The public kernels: each call runs the Triton kernel or the PyTorch reference (see `backend`).
+"""The public kernels: each call runs Triton, the compiled CPU kernel or the PyTorch reference (see `backend`).
 
 The Triton modules are imported at the first Triton call, never on the
 reference path: a CPU-only process never imports triton, and tests can set
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from infer.kernels import activation, attention, norm, rotary
+from infer.kernels import activation, attention, cpu, norm, rotary
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
-from infer.kernels.backend import use_triton
+from infer.kernels.backend import use_cpu_kernels, use_triton
 
 
 def paged_attention(
@@ -28,6 +28,8 @@ def paged_attention(
         from infer.kernels.attention_triton import paged_attention_triton
 
         return paged_attention_triton(query, key, value, k_cache, v_cache, meta, spec)
+    if use_cpu_kernels(query) and cpu.supports_attention(query, k_cache):
+        return cpu.paged_attention(query, key, value, k_cache, v_cache, meta, spec)
     return attention.paged_attention_ref(query, key, value, k_cache, v_cache, meta, spec)
 
 
@@ -43,6 +45,8 @@ def write_kv(
         from infer.kernels.kv_cache_triton import write_kv_triton
 
         write_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+    elif use_cpu_kernels(key) and cpu.supports_attention(key, k_cache):
+        cpu.write_kv(key, value, k_cache, v_cache, slot_mapping)
     else:
         attention.write_kv_ref(key, value, k_cache, v_cache, slot_mapping)
 
