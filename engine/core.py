@@ -65,7 +65,7 @@ class EngineCore:
         check("max_model_len", config.max_model_len <= max_positions,
               f"must be <= the model's max_position_embeddings ({max_positions})")  # fmt: skip
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
-        model = load_model(self.model_dir, config.torch_dtype, config.device, config.max_model_len)
+        model = load_model(self.model_dir, config.torch_dtype, config.device, config.max_model_len, config.quantization)
         self.num_blocks = config.num_blocks or config.kv_cache_memory_bytes // kv_cache_bytes_per_block(
             model, config.block_size, config.torch_dtype
         )
