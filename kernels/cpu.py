@@ -80,7 +80,7 @@ def load() -> bool:
         )
         return False
     try:
-        torch.ops.load_library(str(path))
+        torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
     except OSError as e:
         logger.warning("compiled CPU kernels at %s did not load (%s): the PyTorch references run", path, e)
         return False
