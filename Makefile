@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev tools test test-fast test-slow fuzz soak lint typecheck proto image clean bench-offline
+.PHONY: serve setup setup-dev kernels tools test test-fast test-slow fuzz soak lint typecheck proto image clean bench-offline
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +24,17 @@ $(DEV_STAMP): $(STAMP) pyproject.toml
 	$(PIP) install -e '.[dev]'
 	touch $@
 
-setup: $(STAMP)
+# the compiled CPU kernels, built for this machine against the venv's torch (a no-op when up to date;
+# without a compiler it says so and the PyTorch references run)
+kernels: $(STAMP)
+	$(BIN)/python -m infer.kernels.cpu_build
 
-serve: $(STAMP)
+setup: $(STAMP) kernels
+
+serve: $(STAMP) kernels
 	$(BIN)/infer serve
 
-setup-dev: $(DEV_STAMP)
+setup-dev: $(DEV_STAMP) kernels
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
@@ -57,13 +62,13 @@ $(BIN)/helm: | $(BIN)/python
 
 tools: $(DEV_STAMP) $(BIN)/helm
 
-test: lint typecheck tools
+test: lint typecheck tools kernels
 	$(BIN)/pytest -q --durations=15
 
-test-fast: tools
+test-fast: tools kernels
 	$(BIN)/pytest -q -x
 
-test-slow: $(DEV_STAMP)
+test-slow: $(DEV_STAMP) kernels
 	$(BIN)/pytest -q -m slow
 
 # soak: mixed traffic (slow readers, disconnects, deadlines, invalid) for 10 minutes; writes docs/reliability.md
@@ -79,7 +84,7 @@ proto: $(DEV_STAMP)
 	$(BIN)/python -m infer.clients.proto.codegen
 
 # benchmarks: not tests; each writes JSON and a Markdown table to docs/benchmarks/
-bench-offline: $(DEV_STAMP)
+bench-offline: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/offline.py
 
 # the Docker image: `make image` (CPU, infer:<version>) or `make image DEVICE=cuda` (infer:<version>-cuda)

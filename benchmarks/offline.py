@@ -21,6 +21,8 @@ import torch
 
 from infer import LLM, SamplingParams
 from infer.engine.default_model import default_model_dir
+from infer.kernels import set_kernel_backend
+from infer.kernels.backend import use_cpu_kernels
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 
@@ -133,6 +135,8 @@ def write_report(results: dict[str, Any], out_dir: Path = OUT_DIR) -> None:
     (out_dir / "offline.json").write_text(json.dumps(results, indent=2) + "\n")
     r = results
     rows = [("infer `LLM.generate` (continuous batching)", r["ours_tok_s"], "all requests")]
+    if "ours_reference_tok_s" in r:
+        rows.append(("infer, PyTorch reference kernels (`INFER_KERNELS=torch`)", r["ours_reference_tok_s"], "all"))
     if "hf_sequential_tok_s" in r:
         rows += [
             (
@@ -156,7 +160,8 @@ def write_report(results: dict[str, Any], out_dir: Path = OUT_DIR) -> None:
         "",
         f"Measured by `make bench-offline` on {r['machine']}, {r['threads']} torch threads, fp32, model "
         f"{r['model']}. Workload: {r['num_requests']} requests, prompts 32–512 tokens, {r['new_tokens']} new tokens, "
-        "`ignore_eos`, greedy, seed 0. All figures come from one run.",
+        "`ignore_eos`, greedy, seed 0. All figures come from one run. infer runs the "
+        f"{r.get('kernels', 'PyTorch references')}.",
         "",
         "| system | output tok/s | requests | infer is |",
         "|---|---:|---|---:|",
@@ -173,6 +178,10 @@ def write_report(results: dict[str, Any], out_dir: Path = OUT_DIR) -> None:
         f"÷ {r['weight_bytes'] / 1e6:.0f} MB of weights) "
         f"| {r['bandwidth_ceiling_tok_s']:.1f} |",
         f"| infer as a share of the ceiling | {100 * r['batch1_decode_tok_s'] / r['bandwidth_ceiling_tok_s']:.0f}% |",
+    ]
+    if "batch1_reference_tok_s" in r:
+        lines.append(f"| infer, 1 request, PyTorch reference kernels (one round) | {r['batch1_reference_tok_s']:.1f} |")
+    lines += [
         "",
     ]
     if len(rows) > 1:
@@ -194,6 +203,7 @@ def main() -> None:
     ap.add_argument("--batch1-tokens", type=int, default=128, help="new tokens of the batch-1 decode run")
     ap.add_argument("--batch1-rounds", type=int, default=5, help="batch-1 runs, each between two bandwidth reads")
     ap.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    ap.add_argument("--skip-reference", action="store_true", help="skip infer on the PyTorch reference kernels")
     args = ap.parse_args()
     model_dir = default_model_dir()
     llm = LLM(str(model_dir), max_model_len=1024)
@@ -219,6 +229,13 @@ def main() -> None:
     )
     results["bandwidth_gib_s"] = bandwidth / 2**30
     results["bandwidth_ceiling_tok_s"] = bandwidth / weight_bytes
+    results["kernels"] = "compiled CPU kernels" if use_cpu_kernels(torch.empty(0)) else "PyTorch references"
+    if not args.skip_reference and use_cpu_kernels(torch.empty(0)):
+        # the same engine on the references (INFER_KERNELS=torch), in this run: the compiled kernels' gain
+        set_kernel_backend("torch")
+        results["ours_reference_tok_s"] = bench_ours(llm, work)
+        results["batch1_reference_tok_s"] = bench_batch1_decode(llm, work.prompts[0][:128], args.batch1_tokens)
+        set_kernel_backend(None)
     del llm
     if not args.skip_hf:
         model = hf_model(model_dir)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from infer.engine.async_engine import AsyncEngine
-    from infer.engine.config import DTYPES, EngineConfig
+    from infer.engine.config import DTYPES, QUANTIZATIONS, EngineConfig
     from infer.engine.default_model import default_model_dir
     from infer.engine.inbox import QueueFullError
     from infer.engine.interface import EngineClient, ModelInfo
@@ -32,6 +32,7 @@ _EXPORTS = {
     "FinishReason": "request",
     "LLM": "llm",
     "ModelInfo": "interface",
+    "QUANTIZATIONS": "config",
     "QueueFullError": "inbox",
     "RequestOutput": "request",
     "RequestStream": "stream",
@@ -46,6 +47,7 @@ _EXPORTS = {
 __all__ = [
     "DTYPES",
     "LLM",
+    "QUANTIZATIONS",
     "AsyncEngine",
     "EngineClient",
     "EngineConfig",

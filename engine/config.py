@@ -10,6 +10,7 @@ import torch
 from infer.engine.validation import check
 
 DEFAULT_MAX_MODEL_LEN = 2048  # when the model allows as much
+QUANTIZATIONS = ("none", "int8")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -29,6 +30,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     static_batch_wait_s: float = 0.05  # static batching: how long to gather a batch
     dtype: str = "float32"
+    quantization: str = "none"  # none | int8 (weight-only, per-output-channel scales; CPU)
     device: str = "cpu"
     seed: int = 0
 
@@ -42,6 +44,7 @@ class EngineConfig:
         check("batching", self.batching in ("continuous", "static"), "must be 'continuous' or 'static'")
         check("kv_reserve", self.kv_reserve in ("paged", "full"), "must be 'paged' or 'full'")
         check("dtype", self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}")
+        check("quantization", self.quantization in QUANTIZATIONS, f"must be one of {', '.join(QUANTIZATIONS)}")
         check("static_batch_wait_s", self.static_batch_wait_s >= 0, "must be >= 0")
         if not self.enable_chunked_prefill:
             check("max_num_batched_tokens", self.max_num_batched_tokens >= self.max_model_len,

@@ -102,7 +102,7 @@ class EngineCore:
         model_config = load_model_config(model_dir)
         config = config.for_model(model_config.max_position_embeddings)
         tokenizer = Tokenizer.from_dir(model_dir)
-        model = load_model(model_dir, config.torch_dtype, config.device, config.max_model_len)
+        model = load_model(model_dir, config.torch_dtype, config.device, config.max_model_len, config.quantization)
         block_bytes = kv_cache_bytes_per_block(model, config.block_size, config.torch_dtype)
         num_blocks = config.num_blocks or config.kv_cache_memory_bytes // block_bytes
         info = ModelInfo(

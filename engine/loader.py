@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,16 @@ from safetensors import safe_open
 
 from infer.engine.model_config import ModelConfig, parse_model_config
 from infer.engine.models import CausalLM
+from infer.engine.models.quantize import quantize_model
 from infer.engine.models.weights import Target, checkpoint_to_params, convert_tensor
+from infer.kernels.cpu import cpu_flags
+
+logger = logging.getLogger(__name__)
+
+
+def cpu_has_bf16_dot() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), so bf16 weights pay off."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 class ModelLoadError(ValueError):
@@ -91,14 +101,17 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     max_positions: int | None = None,
+    quantization: str = "none",
 ) -> CausalLM:
-    """Build the model a directory describes and fill it from its safetensors files."""
+    """Build the model a directory describes and fill it from its safetensors files (then quantize it)."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelLoadError(f"model directory not found: {model_dir}")
     cfg = load_model_config(model_dir)
     files = weight_files(model_dir)
+    if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not cpu_has_bf16_dot():
+        logger.warning("this CPU has no bf16 dot products (avx512_bf16/amx_bf16): bf16 runs slower than fp32")
     with torch.device("cpu"):
         model = CausalLM(cfg, max_positions=max_positions)
     _load_weights(model, files)
-    return model.to_device(torch.device(device), dtype).eval()
+    return quantize_model(model.to_device(torch.device(device), dtype).eval(), quantization)

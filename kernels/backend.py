@@ -1,10 +1,12 @@
-"""Which implementation runs a kernel: the Triton kernels or the PyTorch references.
+"""Which implementation runs a kernel: Triton, the compiled CPU kernels or the PyTorch references.
 
 `INFER_KERNELS` picks one for the whole process (read at the first kernel call):
 
-- unset or `auto`: Triton for CUDA tensors when `triton` is installed, the references
-  for everything else;
+- unset or `auto`: Triton for CUDA tensors when `triton` is installed; the compiled
+  CPU kernels (`kernels/cpu.py`) for CPU tensors when `make setup` built them for
+  this machine; the references for everything else;
 - `torch`: always the references;
+- `cpu`: the compiled CPU kernels for CPU tensors; an error when they are not built;
 - `triton`: always Triton. On a machine without CUDA this only works under
   Triton's interpreter (`TRITON_INTERPRET=1`, set before the kernels are
   imported), which is how the tests run the kernels on the CPU.
@@ -18,7 +20,9 @@ import os
 
 import torch
 
-BACKENDS = ("auto", "torch", "triton")
+from infer.kernels import cpu
+
+BACKENDS = ("auto", "torch", "triton", "cpu")
 _TRUE = ("1", "true", "yes", "on", "y")
 
 _selected: str | None = None
@@ -36,6 +40,8 @@ def _check(name: str) -> str:
         raise RuntimeError("INFER_KERNELS=triton but the `triton` package is not installed")
     if name == "triton" and not torch.cuda.is_available() and not is_interpreted():
         raise RuntimeError("INFER_KERNELS=triton needs CUDA, or TRITON_INTERPRET=1 to run kernels on the CPU")
+    if name == "cpu" and not cpu.load():
+        raise RuntimeError(f"INFER_KERNELS=cpu but the compiled CPU kernels are not built ({cpu.library_path()})")
     return name
 
 
@@ -46,7 +52,7 @@ def triton_installed() -> bool:
 
 
 def kernel_backend() -> str:
-    """The backend in force: `auto`, `torch` or `triton` (INFER_KERNELS, checked once)."""
+    """The backend in force: `auto`, `torch`, `triton` or `cpu` (INFER_KERNELS, checked once)."""
     global _selected
     if _selected is None:
         _selected = _check(os.environ.get("INFER_KERNELS", "auto").strip().lower() or "auto")
@@ -63,3 +69,9 @@ def use_triton(x: torch.Tensor) -> bool:
     """Whether a kernel called on `x` runs in Triton."""
     backend = kernel_backend()
     return backend == "triton" or (backend == "auto" and x.is_cuda and triton_installed())
+
+
+def use_cpu_kernels(x: torch.Tensor) -> bool:
+    """Whether a kernel called on `x` runs the compiled CPU kernels (loaded at the first such call)."""
+    backend = kernel_backend()
+    return x.device.type == "cpu" and (backend == "cpu" or (backend == "auto" and cpu.load()))

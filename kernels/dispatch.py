@@ -1,4 +1,4 @@
-"""The public kernels: each call runs the Triton kernel or the PyTorch reference (see `backend`).
+"""The public kernels: each call runs Triton, the compiled CPU kernel or the PyTorch reference (see `backend`).
 
 The Triton modules are imported at the first Triton call, never on the
 reference path: a CPU-only process never imports triton, and tests can set
@@ -11,9 +11,9 @@ from collections.abc import Iterable
 
 import torch
 
-from infer.kernels import activation, attention, norm, rotary
+from infer.kernels import activation, attention, cpu, norm, rotary
 from infer.kernels.attention import AttentionMetadata, AttentionPlan, AttentionSpec
-from infer.kernels.backend import use_triton
+from infer.kernels.backend import use_cpu_kernels, use_triton
 from infer.kernels.rotary import RotaryAngles
 
 
@@ -22,8 +22,8 @@ def plan_attention(
     cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], any layer's
     sliding_windows: Iterable[int | None],  # every window the model's layers use
 ) -> AttentionPlan | None:
-    """The step's attention plan, once for all layers; None where the kernel needs none (Triton)."""
-    if use_triton(cache):
+    """The step's attention plan, once for all layers; None where the kernel needs none (Triton, compiled CPU)."""
+    if use_triton(cache) or (use_cpu_kernels(cache) and cpu.supports_attention(cache, cache)):
         return None
     return attention.plan_attention_ref(meta, cache, sliding_windows)
 
@@ -43,6 +43,8 @@ def paged_attention(
         from infer.kernels.attention_triton import paged_attention_triton
 
         return paged_attention_triton(query, key, value, k_cache, v_cache, meta, spec)
+    if use_cpu_kernels(query) and cpu.supports_attention(query, k_cache):
+        return cpu.paged_attention(query, key, value, k_cache, v_cache, meta, spec)
     return attention.paged_attention_ref(query, key, value, k_cache, v_cache, meta, spec, plan)
 
 

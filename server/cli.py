@@ -34,7 +34,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _prepare_model(args: argparse.Namespace) -> int:
-    from infer.engine.default_model import default_model_dir
+    from infer.engine import default_model_dir
 
     try:
         print(default_model_dir())

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from infer.engine import DTYPES, EngineConfig, check
+from infer.engine import DTYPES, QUANTIZATIONS, EngineConfig, check
 from infer.server.limits import RequestLimits
 from infer.server.security import TlsFiles
 
@@ -157,6 +157,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("enable_prefix_caching", _bool, "reuse the KV blocks of shared prompt prefixes"),
     Setting("static_batch_wait_s", float, "static batching: how long to gather a batch"),
     Setting("dtype", str, "weights and KV-cache dtype", choices=tuple(DTYPES)),
+    Setting("quantization", str, "weight-only int8 linear layers (CPU), or none", choices=QUANTIZATIONS),
     Setting("device", str, "torch device (cpu, cuda, cuda:1, ...)"),
     Setting("seed", int, "engine seed for unseeded sampling"),
 )

@@ -16,6 +16,7 @@ from torch import nn
 from infer import kernels
 from infer.engine.model_config import ModelConfig
 from infer.kernels import AttentionMetadata, AttentionPlan, AttentionSpec, RotaryAngles
+from infer.kernels.int8 import linear
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:  # [num_tokens, hidden]
         cfg = self.cfg
-        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)  # [num_tokens, q_size + 2 * kv_size]
+        qkv = linear(x, self.qkv_proj, self.qkv_bias)  # [num_tokens, q_size + 2 * kv_size]
         num_heads, num_kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         v = qkv[:, cfg.q_size + cfg.kv_size :].view(-1, num_kv_heads, head_dim)
         if self.q_norm is not None and self.k_norm is not None:
@@ -75,7 +76,7 @@ class Attention(nn.Module):
             qk = qkv[:, : cfg.q_size + cfg.kv_size].view(-1, num_heads + num_kv_heads, head_dim)
             q, k = torch.split(kernels.apply_rotary(qk, rope), [num_heads, num_kv_heads], dim=1)
         out = kernels.paged_attention(q, k, v, kv_cache[0], kv_cache[1], step.attn, self.spec, step.attn_plan)
-        return F.linear(out.reshape(-1, cfg.q_size), self.o_proj)
+        return linear(out.reshape(-1, cfg.q_size), self.o_proj)
 
 
 class MLP(nn.Module):
@@ -88,9 +89,9 @@ class MLP(nn.Module):
         self.is_gelu = cfg.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        gate_up = F.linear(x, self.gate_up_proj)  # [num_tokens, 2 * intermediate]
+        gate_up = linear(x, self.gate_up_proj)  # [num_tokens, 2 * intermediate]
         act = kernels.gelu_tanh_and_mul(gate_up) if self.is_gelu else kernels.silu_and_mul(gate_up)
-        return F.linear(act, self.down_proj)
+        return linear(act, self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -166,7 +167,7 @@ class CausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab] fp32
-        logits = F.linear(hidden, self.lm_head).float()
+        logits = linear(hidden, self.lm_head).float()
         if self.cfg.final_softcap is not None:
             logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
         return logits

@@ -1,0 +1,135 @@
+"""The compiled CPU kernels: where `make setup` builds them, and loading them at the first CPU call.
+
+The C++ sources in `kernels/csrc/` are built ahead of time by
+`python -m infer.kernels.cpu_build` (run by `make setup` and `make test`), with
+`-march=native` for the machine that builds them. The library lands in
+`<cache>/<tag>/`, where the tag hashes the sources, the torch version and this
+CPU's feature flags, so a changed source or a different CPU (the same disk on
+another machine) never loads a stale or foreign build: it finds no library,
+and the PyTorch references run instead; the log says so once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from infer.kernels.attention import AttentionMetadata, AttentionSpec
+
+logger = logging.getLogger(__name__)
+
+CSRC_DIR = Path(__file__).resolve().parent / "csrc"
+SOURCES = ("paged_attention.cpp", "int8_linear.cpp")
+LIBRARY_NAME = "infer_cpu"
+
+
+def cache_root() -> Path:
+    """`$INFER_KERNEL_CACHE`, else `$XDG_CACHE_HOME/infer/kernels` (XDG_CACHE_HOME defaults to `~/.cache`)."""
+    explicit = os.environ.get("INFER_KERNEL_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "infer" / "kernels"
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (`/proc/cpuinfo`); empty where that file does not exist."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+@functools.cache
+def build_tag() -> str:
+    """A hash of what the library depends on: sources, torch version, machine and CPU features."""
+    digest = hashlib.sha256()
+    for name in sorted(p.name for p in CSRC_DIR.iterdir() if p.suffix in (".cpp", ".h")):
+        digest.update(name.encode() + (CSRC_DIR / name).read_bytes())
+    digest.update(f"{torch.__version__} {platform.machine()} {' '.join(sorted(cpu_flags()))}".encode())
+    return digest.hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    return cache_root() / build_tag()
+
+
+def library_path() -> Path:
+    return build_dir() / f"{LIBRARY_NAME}.so"
+
+
+@functools.cache
+def load() -> bool:
+    """Load the compiled kernels once; False (and one log line) when they are not built here."""
+    path = library_path()
+    if not path.is_file():
+        logger.warning(
+            "compiled CPU kernels not built for this source and CPU (%s): the PyTorch references run; "
+            "`make setup` or `python -m infer.kernels.cpu_build` builds them",
+            path,
+        )
+        return False
+    try:
+        torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
+    except OSError as e:
+        logger.warning("compiled CPU kernels at %s did not load (%s): the PyTorch references run", path, e)
+        return False
+    logger.info("compiled CPU kernels loaded from %s", path)
+    return True
+
+
+_COMPILED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def supports_attention(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the compiled attention takes these tensors (CPU, fp32 or bf16 caches, rows contiguous)."""
+    return (
+        k_cache.device.type == "cpu"
+        and k_cache.dtype in _COMPILED_DTYPES
+        and query.dtype == k_cache.dtype
+        and query.stride(-1) == 1
+    )
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    spec: AttentionSpec,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """The compiled twin of `attention.paged_attention_ref`: writes this step's K/V, then attends."""
+    key, value = _rows(key, k_cache.dtype), _rows(value, k_cache.dtype)
+    out: torch.Tensor = torch.ops.infer_cpu.paged_attention(
+        query, key, value, k_cache, v_cache, meta.slot_mapping.long(), meta.block_tables.int().contiguous(),
+        meta.query_start_loc.int(), meta.seq_lens.int(), spec.scale, spec.sliding_window or 0, spec.softcap or 0.0,
+    )  # fmt: skip
+    return out
+
+
+def write_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64; a negative slot skips the token
+) -> None:
+    key, value = _rows(key, k_cache.dtype), _rows(value, k_cache.dtype)
+    torch.ops.infer_cpu.write_kv(key, value, k_cache, v_cache, slot_mapping.long().contiguous())
+
+
+def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    x = x.to(dtype)
+    return x if x.stride(-1) == 1 else x.contiguous()

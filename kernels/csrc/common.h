@@ -1,0 +1,75 @@
+// Small fp32 helpers shared by the CPU kernels, written so that -O3 vectorises them
+// (the build targets the machine that runs `make setup`: see kernels/cpu_build.py).
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace infer_cpu {
+
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y += a * x
+inline void axpy(float a, const float* __restrict x, float* __restrict y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+inline void scale_in_place(float a, float* __restrict y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] *= a;
+}
+
+inline float bf16_bits_to_float(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// n values of T as fp32 (bf16 -> fp32 is exact: the high half of the fp32 bits)
+inline void to_float(const float* __restrict src, float* __restrict dst, int64_t n) {
+  std::memcpy(dst, src, n * sizeof(float));
+}
+inline void to_float(const c10::BFloat16* __restrict src, float* __restrict dst, int64_t n) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(bits[i]);
+}
+
+inline void from_float(const float* __restrict src, float* __restrict dst, int64_t n) {
+  std::memcpy(dst, src, n * sizeof(float));
+}
+inline void from_float(const float* __restrict src, c10::BFloat16* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = c10::BFloat16(src[i]);  // round to nearest even
+}
+
+// e^x for x <= 0, as softmax needs after subtracting the row maximum; 0 below -87.
+// 2^n * e^r with |r| <= ln2 / 2 and a degree-6 Taylor polynomial: relative error ~1.2e-7.
+inline float exp_nonpositive(float x) {
+  const float clamped = std::max(x, -87.f);
+  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  const float r = clamped - n * 0.693145751953125f - n * 1.42860682030941723212e-6f;
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return x < -87.f ? 0.f : p * two_n;
+}
+
+}  // namespace infer_cpu

@@ -1,0 +1,201 @@
+// Weight-only int8 linear layer on the CPU: y = x . (scale * q)^T + bias.
+//
+// q is int8 with one scale per output channel, packed by kernels/int8.py as
+// [N / 16][K / 2][16][2]: strips of 16 output channels, k in pairs, so one
+// 32-byte load is 16 channels x 2 k. A thread owns whole strips:
+// - with AVX-512 BF16 (chosen at build time, -march=native): weights become
+//   bf16 (exact for int8), activations are rounded to bf16, and
+//   vdpbf16ps accumulates pairs in fp32. From 4 rows on, a strip is first
+//   expanded into a bf16 scratch (L1) shared by all rows; below that, each
+//   32-byte load is converted in registers.
+// - elsewhere: the strip is expanded to fp32 [K][16] and rows accumulate in
+//   fp32 (plain loops, vectorised by the compiler).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define INFER_INT8_BF16 1
+#endif
+
+#include "common.h"
+
+namespace infer_cpu {
+namespace {
+
+constexpr int64_t kStrip = 16;   // output channels per strip
+constexpr int64_t kMaxRows = 8;  // rows per register tile
+
+struct Problem {
+  int64_t M, N, K;          // K even (the packer pads)
+  const int8_t* packed;     // [N_pad / 16][K / 2][16][2]
+  const float* scale;       // [N_pad]
+  const float* bias;        // [N] or null
+  float* y;                 // [M, N] fp32
+};
+
+// y[m, n0 : n0 + width] = acc * scale (+ bias), for the channels that exist
+inline void store_row(const Problem& P, int64_t m, int64_t n0, const float* acc) {
+  const int64_t width = std::min(kStrip, P.N - n0);
+  for (int64_t j = 0; j < width; ++j) {
+    P.y[m * P.N + n0 + j] = acc[j] * P.scale[n0 + j] + (P.bias ? P.bias[n0 + j] : 0.f);
+  }
+}
+
+#ifdef INFER_INT8_BF16
+// 32 int8 (16 channels x 2 k) -> 32 bf16 in the same order
+inline __m512bh int8x32_to_bf16(const int8_t* src) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
+  return _mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// R rows of x (bf16 pairs, [rows][K / 2] uint32) against one strip
+template <int R, bool kScratch>
+void tile_bf16(const Problem& P, const void* strip, const uint32_t* xb, int64_t m0, int64_t n0) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t pairs = P.K / 2;
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    const __m512bh w = kScratch ? reinterpret_cast<const __m512bh*>(strip)[kp]
+                                : int8x32_to_bf16(static_cast<const int8_t*>(strip) + kp * 32);
+    for (int r = 0; r < R; ++r) {
+      const __m512i x = _mm512_set1_epi32(static_cast<int>(xb[(m0 + r) * pairs + kp]));
+      acc[r] = _mm512_dpbf16_ps(acc[r], reinterpret_cast<const __m512bh&>(x), w);
+    }
+  }
+  alignas(64) float out[kStrip];
+  for (int r = 0; r < R; ++r) {
+    _mm512_store_ps(out, acc[r]);
+    store_row(P, m0 + r, n0, out);
+  }
+}
+
+template <bool kScratch>
+void rows_bf16(const Problem& P, const void* strip, const uint32_t* xb, int64_t n0) {
+  for (int64_t m0 = 0; m0 < P.M; m0 += kMaxRows) {
+    switch (std::min(kMaxRows, P.M - m0)) {
+      case 8: tile_bf16<8, kScratch>(P, strip, xb, m0, n0); break;
+      case 7: tile_bf16<7, kScratch>(P, strip, xb, m0, n0); break;
+      case 6: tile_bf16<6, kScratch>(P, strip, xb, m0, n0); break;
+      case 5: tile_bf16<5, kScratch>(P, strip, xb, m0, n0); break;
+      case 4: tile_bf16<4, kScratch>(P, strip, xb, m0, n0); break;
+      case 3: tile_bf16<3, kScratch>(P, strip, xb, m0, n0); break;
+      case 2: tile_bf16<2, kScratch>(P, strip, xb, m0, n0); break;
+      default: tile_bf16<1, kScratch>(P, strip, xb, m0, n0); break;
+    }
+  }
+}
+
+void run_bf16(const Problem& P, const float* x) {
+  // x -> bf16 pairs (round to nearest even), [M][K / 2] uint32
+  std::vector<uint32_t> xb(P.M * P.K / 2);
+  auto* xb16 = reinterpret_cast<__m256i*>(xb.data());
+  const int64_t total = P.M * P.K, vec_end = total / 16 * 16;
+  for (int64_t i = 0; i < vec_end; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
+    _mm256_storeu_si256(xb16 + i / 16, reinterpret_cast<const __m256i&>(h));
+  }
+  auto* bits = reinterpret_cast<uint16_t*>(xb.data());
+  for (int64_t i = vec_end; i < total; ++i) bits[i] = c10::BFloat16(x[i]).x;
+  const int64_t num_strips = (P.N + kStrip - 1) / kStrip, strip_bytes = P.K * kStrip;
+  at::parallel_for(0, num_strips, 1, [&](int64_t begin, int64_t end) {
+    std::vector<__m512bh> scratch(P.K / 2);
+    for (int64_t s = begin; s < end; ++s) {
+      const int8_t* strip = P.packed + s * strip_bytes;
+      if (P.M >= 4) {
+        for (int64_t kp = 0; kp < P.K / 2; ++kp) scratch[kp] = int8x32_to_bf16(strip + kp * 32);
+        rows_bf16<true>(P, scratch.data(), xb.data(), s * kStrip);
+      } else {
+        rows_bf16<false>(P, strip, xb.data(), s * kStrip);
+      }
+    }
+  });
+}
+#endif
+
+// fp32 fallback: expand a strip to [K][16] fp32, then R rows at a time
+template <int R>
+void tile_fp32(const Problem& P, const float* w, const float* x, int64_t m0, int64_t n0) {
+  float acc[R][kStrip] = {};
+  for (int64_t k = 0; k < P.K; ++k) {
+    for (int r = 0; r < R; ++r) {
+      const float xv = x[(m0 + r) * P.K + k];
+#pragma omp simd
+      for (int64_t j = 0; j < kStrip; ++j) acc[r][j] += xv * w[k * kStrip + j];
+    }
+  }
+  for (int r = 0; r < R; ++r) store_row(P, m0 + r, n0, acc[r]);
+}
+
+void run_fp32(const Problem& P, const float* x) {
+  const int64_t num_strips = (P.N + kStrip - 1) / kStrip, strip_bytes = P.K * kStrip;
+  at::parallel_for(0, num_strips, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(P.K * kStrip);
+    for (int64_t s = begin; s < end; ++s) {
+      const int8_t* strip = P.packed + s * strip_bytes;  // [K / 2][16][2]
+      for (int64_t kp = 0; kp < P.K / 2; ++kp) {
+        for (int64_t j = 0; j < kStrip; ++j) {
+          w[(2 * kp) * kStrip + j] = strip[(kp * kStrip + j) * 2];
+          w[(2 * kp + 1) * kStrip + j] = strip[(kp * kStrip + j) * 2 + 1];
+        }
+      }
+      int64_t m0 = 0;
+      for (; m0 + 4 <= P.M; m0 += 4) tile_fp32<4>(P, w.data(), x, m0, s * kStrip);
+      for (; m0 < P.M; ++m0) tile_fp32<1>(P, w.data(), x, m0, s * kStrip);
+    }
+  });
+}
+
+}  // namespace
+
+bool int8_linear_uses_bf16() {
+#ifdef INFER_INT8_BF16
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x: [M, K] fp32 or bf16; packed: [N_pad / 16, K_pad / 2, 16, 2] int8; scale: [N_pad] fp32 -> [M, N], x's dtype
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                       const c10::optional<at::Tensor>& bias, int64_t out_features) {
+  TORCH_CHECK(x.dim() == 2, "int8_linear: x must be [M, K]");
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 4 && packed.is_contiguous() &&
+                  packed.size(2) == kStrip && packed.size(3) == 2, "int8_linear: packed must be [N/16, K/2, 16, 2] int8");
+  const int64_t K = packed.size(1) * 2;
+  TORCH_CHECK(x.size(1) <= K && K - x.size(1) <= 1, "int8_linear: x has ", x.size(1), " features, weight ", K);
+  TORCH_CHECK(out_features <= packed.size(0) * kStrip, "int8_linear: out_features exceeds the packed rows");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == packed.size(0) * kStrip,
+              "int8_linear: scale must be [N_pad] fp32");
+  at::Tensor xf = x.to(at::kFloat);
+  if (xf.size(1) != K) xf = at::constant_pad_nd(xf, {0, K - xf.size(1)});  // an odd K, padded by the packer
+  xf = xf.contiguous();
+  at::Tensor bias_f;
+  if (bias.has_value()) bias_f = bias->to(at::kFloat).contiguous();
+  auto y = at::empty({x.size(0), out_features}, x.options().dtype(at::kFloat));
+  const Problem P{x.size(0), out_features, K, packed.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(),
+                  bias.has_value() ? bias_f.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>()};
+  if (P.M > 0) {
+#ifdef INFER_INT8_BF16
+    run_bf16(P, xf.const_data_ptr<float>());
+#else
+    run_fp32(P, xf.const_data_ptr<float>());
+#endif
+  }
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+}  // namespace infer_cpu
+
+TORCH_LIBRARY_FRAGMENT(infer_cpu, m) {
+  m.def("int8_linear(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int out_features) -> Tensor");
+  m.def("int8_linear_uses_bf16() -> bool", &infer_cpu::int8_linear_uses_bf16);
+}
+
+TORCH_LIBRARY_IMPL(infer_cpu, CPU, m) { m.impl("int8_linear", &infer_cpu::int8_linear); }

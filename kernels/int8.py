@@ -1,0 +1,90 @@
+"""Weight-only int8 linear layers: per-output-channel symmetric quantization, packing, the reference.
+
+A weight `[N, K]` becomes int8 `q` and fp32 `scale[N]` with `w ~ scale[:, None] * q`,
+`scale = max|w_row| / 127`. The compiled kernel (`csrc/int8_linear.cpp`) reads
+`q` packed as `[N_pad / 16, K_pad / 2, 16, 2]`: strips of 16 output channels, k in
+pairs. Where the CPU has AVX-512 BF16, it multiplies in bf16 (int8 is exact in
+bf16; activations are rounded to bf16) and accumulates in fp32, so that it beats
+fp32 at 64 rows as well as at one; elsewhere it computes in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from infer.kernels.backend import use_cpu_kernels
+
+STRIP = 16  # output channels per packed strip
+
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """A quantized `[out_features, in_features]` weight, packed for the kernel."""
+
+    packed: torch.Tensor  # [N_pad / 16, K_pad / 2, 16, 2] int8
+    scale: torch.Tensor  # [N_pad] fp32 (0 in padding rows)
+    out_features: int
+    in_features: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    def unpack(self) -> torch.Tensor:  # [out_features, in_features] int8
+        strips, pairs = self.packed.shape[:2]
+        q = self.packed.permute(0, 2, 1, 3).reshape(strips * STRIP, pairs * 2)
+        return q[: self.out_features, : self.in_features]
+
+
+def quantize_int8(weight: torch.Tensor) -> Int8Weight:  # weight: [N, K] float
+    """Per-output-channel symmetric int8 (round to nearest), packed for the kernel."""
+    n, k = weight.shape
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [N]
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    n_pad, k_pad = -(-n // STRIP) * STRIP, k + k % 2
+    q = F.pad(q, (0, k_pad - k, 0, n_pad - n))
+    packed = q.view(n_pad // STRIP, STRIP, k_pad // 2, 2).permute(0, 2, 1, 3).contiguous()
+    return Int8Weight(packed, F.pad(scale, (0, n_pad - n)).contiguous(), n, k)
+
+
+def int8_linear_ref(
+    x: torch.Tensor,  # [M, K]
+    weight: Int8Weight,
+    bias: torch.Tensor | None = None,  # [N]
+    bf16_inputs: bool = False,  # round x to bf16 first, as the AVX-512 BF16 kernel does
+) -> torch.Tensor:  # [M, N], x's dtype
+    """The reference: dequantize, then an fp32 matmul."""
+    xf = x.float()
+    if bf16_inputs:
+        xf = xf.bfloat16().float()
+    y = F.linear(xf, weight.unpack().float()) * weight.scale[: weight.out_features]
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ w.T + bias` for a quantized weight, over any leading dims of x."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if use_cpu_kernels(x2):
+        y: torch.Tensor = torch.ops.infer_cpu.int8_linear(x2, weight.packed, weight.scale, bias, weight.out_features)
+    else:
+        y = int8_linear_ref(x2, weight, bias)
+    return y.view(*lead, weight.out_features)
+
+
+def kernel_uses_bf16() -> bool:
+    """Whether the compiled int8 kernel rounds activations to bf16 (built with AVX-512 BF16)."""
+    return bool(torch.ops.infer_cpu.int8_linear_uses_bf16())
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear`, or the int8 kernel when the weight was quantized at load time."""
+    if isinstance(weight, Int8Weight):
+        return int8_linear(x, weight, bias)
+    return F.linear(x, weight, bias)

@@ -1,0 +1,47 @@
+"""Load-time int8 quantization: which weights change, and how close the quantized model stays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from infer.engine.config import EngineConfig
+from infer.engine.loader import load_model
+from infer.engine.runner import ModelRunner, SeqWork
+from infer.kernels.int8 import Int8Weight
+from tests.helpers.tiny_models import ARCHS, VOCAB, make_tiny_model
+
+
+def _logits(model_dir: Path, quantization: str) -> torch.Tensor:
+    model = load_model(model_dir, quantization=quantization)
+    runner = ModelRunner(model, num_blocks=8, block_size=4)
+    ids = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch.inference_mode():
+        step, _ = runner.prepare([SeqWork(ids, 0, [5, 1, 6], True)])
+        return model.compute_logits(model(step))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_int8_model_stays_close_to_fp32(arch: str, tmp_path: Path) -> None:
+    model_dir = make_tiny_model(arch, tmp_path / arch)
+    exact, quantized = _logits(model_dir, "none"), _logits(model_dir, "int8")
+    assert float((quantized - exact).norm() / exact.norm()) < 0.05
+    assert float((quantized.argmax(-1) == exact.argmax(-1)).float().mean()) >= 0.75
+
+
+def test_int8_replaces_the_projections_and_lm_head_only(tmp_path: Path) -> None:
+    model = load_model(make_tiny_model("llama", tmp_path / "llama"), quantization="int8")
+    layer = model.layers[0]
+    for weight in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        assert isinstance(weight, Int8Weight)
+    assert isinstance(model.lm_head, Int8Weight)
+    assert isinstance(model.embed_tokens, nn.Parameter) and model.embed_tokens.dtype == torch.float32
+    assert not any(p.dim() == 2 and p is not model.embed_tokens for p in model.parameters())
+
+
+def test_unknown_quantization_is_refused() -> None:
+    with pytest.raises(ValueError, match="quantization"):
+        EngineConfig(quantization="int4")
