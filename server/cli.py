@@ -61,6 +61,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction, with_settings: bool) -> N
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    from infer.clients.bench.cli import add_bench_parser
     from infer.clients.cli import add_client_parser
     from infer.server.gateway.cli import add_gateway_parser
 
@@ -81,6 +82,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
     _add_serve_parser(sub, with_settings=argv is None or "serve" in argv)
     add_client_parser(sub)
+    add_bench_parser(sub)
     add_gateway_parser(sub)
     return parser
 
