@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -131,10 +132,13 @@ def run_all(opts: Options, log_dir: Path) -> dict[str, Any]:
     notes: list[str] = []
     offline = None
     for name in opts.servers:
-        start = time.monotonic()
+        start, load = time.monotonic(), os.getloadavg()[0]
         if name == "offline":
             print("offline LLM.generate on the saturation prompts", flush=True)
             offline = offline_throughput(opts, log_dir)
+            notes.append(
+                f"offline: {time.monotonic() - start:.0f} s, load average {load:.1f} → {os.getloadavg()[0]:.1f}"
+            )
             continue
         if name == "llama" and not LLAMA_SERVER.exists():
             notes.append(f"llama-server skipped: {LLAMA_SERVER} not found (run `make peers` to build it)")
@@ -150,7 +154,8 @@ def run_all(opts: Options, log_dir: Path) -> dict[str, Any]:
         with ctx as server:
             for exp in exps:
                 runs[exp.key] = asyncio.run(run_experiment(exp, server, opts))
-        print(f"server {name}: done in {time.monotonic() - start:.0f} s", flush=True)
+        notes.append(f"{name}: {time.monotonic() - start:.0f} s, load average {load:.1f} → {os.getloadavg()[0]:.1f}")
+        print(notes[-1], flush=True)
     return {"runs": runs, "offline": offline, "notes": notes}
 
 

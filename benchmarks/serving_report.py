@@ -196,7 +196,9 @@ def markdown(result: dict[str, Any], meta: dict[str, Any], images: list[Path]) -
         lines += [f"Offline `LLM.generate` on the saturation prompts (16 running at most, same KV blocks): "
                   f"{offline['output_tokens_per_s']:.1f} output tok/s ({offline['output_tokens']} tokens in "
                   f"{offline['seconds']:.1f} s).", ""]  # fmt: skip
-    lines += [f"- {note}" for note in result["notes"]] + ([""] if result["notes"] else [])
+    lines += ["Servers in order, their wall time, and the 1-minute load average of the machine before → after "
+              "(2 cores; above 2, other work competed for them):", ""]  # fmt: skip
+    lines += [f"- {note}" for note in result["notes"]] + [""]
     lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images] + [""]
     return "\n".join(lines)
 
