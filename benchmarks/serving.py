@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,13 +54,14 @@ class Experiment:
     protocol: str = "grpc"
     concurrency: int | None = None
     rates: tuple[float, ...] = ()
+    seed: int = 0  # another seed, other prompts: a second run on one server must not hit the first's prefix cache
 
 
 EXPERIMENTS = (
     Experiment("baseline", "continuous", "baseline"),
     Experiment("continuous_batching/continuous", "continuous", "continuous_batching"),
     Experiment("saturation/grpc", "continuous", "saturation", concurrency=PEER_SLOTS),
-    Experiment("saturation/http", "continuous", "saturation", "completions", concurrency=PEER_SLOTS),
+    Experiment("saturation/http", "continuous", "saturation", "completions", concurrency=PEER_SLOTS, seed=1),
     Experiment("paged_attention/paged", "continuous", "paged_attention"),
     Experiment("chunked_prefill/chunked", "continuous", "chunked_prefill"),
     Experiment("prefix_caching/on", "continuous", "prefix_caching"),
@@ -81,16 +83,16 @@ class Options:
     out_dir: Path
 
 
-def workload(name: str, opts: Options) -> Workload:
+def workload(name: str, opts: Options, seed: int = 0) -> Workload:
     default = len(make_workload(name).requests)
     count = max(2, round(default * opts.scale)) if opts.scale != 1 and name != "paged_attention" else None
     if name == "chunked_prefill" and count is not None:
         count = max(2, round(4 * opts.scale))  # the long prompts; the decoding streams stay
-    return make_workload(name, WorkloadOptions(num_requests=count, max_tokens=opts.max_tokens))
+    return make_workload(name, WorkloadOptions(seed=seed, num_requests=count, max_tokens=opts.max_tokens))
 
 
 async def run_experiment(exp: Experiment, server: Running, opts: Options) -> list[BenchRun]:
-    work = workload(exp.workload, opts)
+    work = workload(exp.workload, opts, exp.seed)
     address = server.grpc if exp.protocol == "grpc" and server.grpc else server.http
     extra = {"cache_prompt": False} if exp.server == "llama" else None  # NOTE: no prompt reuse between slots
     target = make_target(exp.protocol, address, None, extra)
@@ -172,6 +174,7 @@ def main() -> None:
     unknown = set(servers) - {*SERVERS, "offline", "llama"}
     if unknown:
         ap.error(f"unknown server(s): {', '.join(sorted(unknown))}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every started server is stopped
     opts = Options(args.scale, args.max_tokens, servers, not args.no_progress, args.out_dir)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="infer-serving-") as tmp:
