@@ -48,6 +48,10 @@ def _rates(text: str | None) -> tuple[float, ...]:
     return rates
 
 
+def _target(args: argparse.Namespace) -> str:
+    return str(args.target or (DEFAULT_ADDRESS if args.protocol == "grpc" else DEFAULT_HTTP))
+
+
 async def _vocab_size(args: argparse.Namespace, target: str) -> int:
     if args.vocab_size is not None:
         return int(args.vocab_size)
@@ -58,7 +62,7 @@ async def _vocab_size(args: argparse.Namespace, target: str) -> int:
 
 
 def bench_args(args: argparse.Namespace, vocab_size: int) -> BenchArgs:
-    target = args.target or (DEFAULT_ADDRESS if args.protocol == "grpc" else DEFAULT_HTTP)
+    target = _target(args)
     options = WorkloadOptions(vocab_size, args.seed, args.num_requests, args.max_tokens, args.time_scale)
     rates = _rates(args.rate)
     work = make_workload(args.workload, options)
@@ -89,8 +93,7 @@ async def run_bench(b: BenchArgs) -> list[BenchRun]:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    target = args.target or (DEFAULT_ADDRESS if args.protocol == "grpc" else DEFAULT_HTTP)
-    b = bench_args(args, await _vocab_size(args, target))
+    b = bench_args(args, await _vocab_size(args, _target(args)))
     runs = await run_bench(b)
     print(markdown(runs))
     if args.out_dir is not None:
