@@ -92,16 +92,17 @@ def workload(name: str, opts: Options, seed: int = 0) -> Workload:
 
 
 async def run_experiment(exp: Experiment, server: Running, opts: Options) -> list[BenchRun]:
-    work = workload(exp.workload, opts, exp.seed)
+    """One run, or one per rate of a sweep; each rate gets its own prompts (seed + i): no prefix-cache carry-over."""
     address = server.grpc if exp.protocol == "grpc" and server.grpc else server.http
     extra = {"cache_prompt": False} if exp.server == "llama" else None  # NOTE: no prompt reuse between slots
     target = make_target(exp.protocol, address, None, extra)
-    plans = [LoadPlan(rate=r, seed=0, progress=opts.progress) for r in exp.rates] or [
+    plans = [LoadPlan(rate=r, seed=i, progress=opts.progress) for i, r in enumerate(exp.rates)] or [
         LoadPlan(concurrency=exp.concurrency, warmup=1, progress=opts.progress)
     ]
     runs = []
     try:
         for plan in plans:
+            work = workload(exp.workload, opts, exp.seed + plan.seed)
             label = exp.key if plan.rate is None else f"{exp.key} @ {plan.rate:g} req/s"
             results = await run_load(target, work, plan, label)
             runs.append(BenchRun(label, f"{exp.server} ({exp.protocol})", work.name, plan.describe(work), plan.rate,
