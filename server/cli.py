@@ -72,6 +72,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction, with_settings: bool) -> N
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    from infer.clients.bench.cli import add_bench_parser
     from infer.clients.cli import add_client_parser, add_health_parser
     from infer.server.gateway.cli import add_gateway_parser
 
@@ -99,6 +100,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     prepare.set_defaults(func=_prepare_model)
     add_client_parser(sub)
     add_health_parser(sub)
+    add_bench_parser(sub)
     add_gateway_parser(sub)
     return parser
 
