@@ -112,6 +112,35 @@ class _Server(uvicorn.Server):
         # NOTE: signals belong to whoever runs the loop (`infer serve` also runs the gRPC server); we stop on cancel
         yield
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        reaper = asyncio.create_task(self._abort_closed_tls())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            reaper.cancel()
+
+    async def _abort_closed_tls(self) -> None:
+        """Drop TLS connections that uvicorn has closed once their bytes are out.
+
+        A closed TLS transport waits for the peer's close_notify (asyncio: up to 30 s), which a client idling
+        on a kept-alive connection never sends; shutdown would wait for it until the grace ran out.
+        """
+        while True:
+            for connection in list(self.server_state.connections):
+                transport = getattr(connection, "transport", None)
+                if isinstance(transport, asyncio.Transport) and transport.is_closing() and _flushed_tls(transport):
+                    transport.abort()
+            await asyncio.sleep(0.05)
+
+
+def _flushed_tls(transport: asyncio.Transport) -> bool:
+    if transport.get_extra_info("sslcontext") is None:
+        return False
+    # NOTE: asyncio keeps the TCP transport under the TLS one private; without it, the TLS buffer alone
+    raw = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)
+    pending = transport.get_write_buffer_size() + (raw.get_write_buffer_size() if raw is not None else 0)
+    return pending == 0
+
 
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -10,6 +11,7 @@ import openai
 import pytest
 
 from infer.clients.channel import ClientTls
+from infer.server.gateway import GatewayConfig, GatewayServer
 from infer.server.security import ApiKeys, TlsFiles
 from tests.unit.server.gateway.gateway_helpers import (
     COMPLETIONS,
@@ -113,3 +115,16 @@ def test_mtls_on_http_refuses_a_client_without_a_certificate(loop: LoopThread, c
 
 def _verify(ca_file: str) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca_file)
+
+
+def test_an_idle_https_client_does_not_hold_the_shutdown(loop: LoopThread, certs: Certs) -> None:
+    tls = TlsFiles(certs.server_cert, certs.server_key)
+    with guarded(loop) as upstream:
+        gateway = GatewayServer(GatewayConfig(upstream.address, http_port=0, shutdown_grace_s=30, tls=tls))
+        loop.call(gateway.start())
+        with httpx.Client(base_url=f"https://127.0.0.1:{gateway.port}", verify=_verify(certs.ca), timeout=30) as http:
+            assert http.post(COMPLETIONS, json=completion_body()).status_code == 200  # then idle, kept alive
+            started = time.monotonic()
+            loop.call(gateway.stop())
+            # NOTE: this was the whole 30 s grace: the TLS close waited for the idle client's close_notify
+            assert time.monotonic() - started < 10
