@@ -81,10 +81,3 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None =
 def kernel_uses_bf16() -> bool:
     """Whether the compiled int8 kernel rounds activations to bf16 (built with AVX-512 BF16)."""
     return bool(torch.ops.infer_cpu.int8_linear_uses_bf16())
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`, or the int8 kernel when the weight was quantized at load time."""
-    if isinstance(weight, Int8Weight):
-        return int8_linear(x, weight, bias)
-    return F.linear(x, weight, bias)

@@ -16,7 +16,7 @@ from torch import nn
 from infer import kernels
 from infer.engine.model_config import ModelConfig
 from infer.kernels import AttentionMetadata, AttentionPlan, AttentionSpec, RotaryAngles
-from infer.kernels.int8 import linear
+from infer.kernels.linear import linear
 
 
 @dataclass(frozen=True)

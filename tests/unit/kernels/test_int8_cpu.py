@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from infer.kernels import set_kernel_backend
-from infer.kernels.int8 import int8_linear, int8_linear_ref, kernel_uses_bf16, linear, quantize_int8
+from infer.kernels.int8 import int8_linear, int8_linear_ref, kernel_uses_bf16, quantize_int8
+from infer.kernels.linear import linear
 from tests.helpers.compiled import require_compiled_kernels
 
 
