@@ -1,12 +1,16 @@
-"""AsyncEngine.problem: what the server's health check asks the engine (fake engine, no weights)."""
+"""AsyncEngine.problem (what the server's health check asks the engine) and its thread (fake engine, no weights)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from infer.engine.async_engine import AsyncEngine
+from infer.engine.config import EngineConfig
+from infer.engine.core import EngineCore
+from infer.engine.loader import ModelLoadError
 from infer.engine.sampling_params import SamplingParams
 from tests.helpers.fake_engine import fake_core
 
@@ -52,3 +56,32 @@ def test_a_dead_engine_thread_is_a_problem(monkeypatch: pytest.MonkeyPatch) -> N
     assert engine.problem(stall_timeout_s=60) == "the engine thread has stopped"
     engine.shutdown()
     assert engine.problem(stall_timeout_s=60) is None  # stopped on purpose
+
+
+def test_from_config_loads_on_the_thread_that_runs_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NOTE: the first thread to start an OpenMP team runs its parallel regions fastest (libgomp); loading on
+    # another thread first halved batch-1 decode speed
+    loaded_on: list[str] = []
+
+    def build(config: EngineConfig) -> EngineCore:
+        loaded_on.append(threading.current_thread().name)
+        return fake_core()[0]
+
+    monkeypatch.setattr(EngineCore, "from_config", staticmethod(build))
+    engine = AsyncEngine.from_config(EngineConfig())
+    try:
+        assert loaded_on == [engine._thread.name] and engine._thread.is_alive()
+        assert engine.problem(stall_timeout_s=10) is None
+    finally:
+        engine.shutdown()
+
+
+def test_a_failed_load_raises_from_from_config_and_leaves_no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    def build(config: EngineConfig) -> EngineCore:
+        raise ModelLoadError("no such model")
+
+    monkeypatch.setattr(EngineCore, "from_config", staticmethod(build))
+    before = threading.active_count()
+    with pytest.raises(ModelLoadError, match="no such model"):
+        AsyncEngine.from_config(EngineConfig())
+    assert threading.active_count() == before

@@ -1,4 +1,4 @@
-"""Load-time int8 quantization: which weights change, and how close the quantized model stays."""
+"""Lower precision at load time (int8 weights, bf16 weights and KV): which weights change, how close the model stays."""
 
 from __future__ import annotations
 
@@ -15,21 +15,22 @@ from infer.kernels.int8 import Int8Weight
 from tests.helpers.tiny_models import ARCHS, VOCAB, make_tiny_model
 
 
-def _logits(model_dir: Path, quantization: str) -> torch.Tensor:
-    model = load_model(model_dir, quantization=quantization)
+def _logits(model_dir: Path, quantization: str = "none", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    model = load_model(model_dir, dtype=dtype, quantization=quantization)
     runner = ModelRunner(model, num_blocks=8, block_size=4)
     ids = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch.inference_mode():
         step, _ = runner.prepare([SeqWork(ids, 0, [5, 1, 6], True)])
-        return model.compute_logits(model(step))
+        return model.compute_logits(model(step)).float()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_int8_model_stays_close_to_fp32(arch: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("quantization", "dtype"), [("int8", torch.float32), ("none", torch.bfloat16)])
+def test_lower_precision_stays_close_to_fp32(arch: str, quantization: str, dtype: torch.dtype, tmp_path: Path) -> None:
     model_dir = make_tiny_model(arch, tmp_path / arch)
-    exact, quantized = _logits(model_dir, "none"), _logits(model_dir, "int8")
-    assert float((quantized - exact).norm() / exact.norm()) < 0.05
-    assert float((quantized.argmax(-1) == exact.argmax(-1)).float().mean()) >= 0.75
+    exact, lower = _logits(model_dir), _logits(model_dir, quantization, dtype)
+    assert float((lower - exact).norm() / exact.norm()) < 0.05
+    assert float((lower.argmax(-1) == exact.argmax(-1)).float().mean()) >= 0.75
 
 
 def test_int8_replaces_the_projections_and_lm_head_only(tmp_path: Path) -> None:
