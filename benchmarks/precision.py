@@ -48,11 +48,20 @@ OPTIONS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantization": "
 
 
 def hf_greedy(model: Any, prompts: list[list[int]], num_new: int) -> list[list[int]]:
+    """transformers' greedy tokens, EOS a token like any other, as infer's `ignore_eos` treats it.
+
+    NOTE: not `generate(min_new_tokens=...)`: that forbids EOS, so every EOS infer chose counted as a miss.
+    """
     outs = []
     with torch.inference_mode():
         for ids in prompts:
-            out = model.generate(torch.tensor([ids]), max_new_tokens=num_new, min_new_tokens=num_new, do_sample=False)
-            outs.append(out[0, len(ids) :].tolist())
+            step, past, new = torch.tensor([ids]), None, []
+            for _ in range(num_new):
+                out = model(step, past_key_values=past, use_cache=True)
+                past, token = out.past_key_values, int(out.logits[0, -1].argmax())
+                new.append(token)
+                step = torch.tensor([[token]])
+            outs.append(new)
     return outs
 
 
