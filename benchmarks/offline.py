@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from offline_peers import PRECISIONS, bench_llama, bench_precisions
 
 from infer import LLM, SamplingParams
 from infer.engine.default_model import default_model_dir
@@ -130,6 +131,25 @@ def bench_hf_continuous(model: Any, work: Workload) -> float:
     return sum(len(o.generated_tokens) for o in outs.values()) / elapsed
 
 
+def _peer_lines(r: dict[str, Any]) -> list[str]:
+    """infer's best option against llama.cpp, both figures of this run; a note when llama-server did not run."""
+    llama = r.get("llama", {})
+    if "skipped" in llama:
+        return ["", f"llama.cpp: not run ({llama['skipped']})."]
+    if "tok_s" not in llama:
+        return []
+    ours = {"fp32": (r["ours_tok_s"], r["batch1_decode_tok_s"])}
+    ours |= {k: (v["tok_s"], v["batch1_decode_tok_s"]) for k, v in r.get("precisions", {}).items()}
+    best_tput, best_b1 = max(ours, key=lambda k: ours[k][0]), max(ours, key=lambda k: ours[k][1])
+    return [
+        "",
+        "| infer (best option) / llama.cpp | ratio |",
+        "|---|---:|",
+        f"| throughput, the whole workload ({best_tput}) | {ours[best_tput][0] / llama['tok_s']:.2f}× |",
+        f"| batch-1 decode ({best_b1}) | {ours[best_b1][1] / llama['batch1_decode_tok_s']:.2f}× |",
+    ]
+
+
 def write_report(results: dict[str, Any], out_dir: Path = OUT_DIR) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "offline.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -137,6 +157,12 @@ def write_report(results: dict[str, Any], out_dir: Path = OUT_DIR) -> None:
     rows = [("infer `LLM.generate` (continuous batching)", r["ours_tok_s"], "all requests")]
     if "ours_reference_tok_s" in r:
         rows.append(("infer, PyTorch reference kernels (`INFER_KERNELS=torch`)", r["ours_reference_tok_s"], "all"))
+    for name in PRECISIONS:
+        if name in r.get("precisions", {}):
+            rows.append((f"infer `LLM.generate`, {name} weights", r["precisions"][name]["tok_s"], "all"))
+    if "tok_s" in r.get("llama", {}):
+        rows.append((f"llama.cpp `llama-server -np {r['llama']['slots']}` (Q4_1), OpenAI HTTP", r["llama"]["tok_s"],
+                     "all"))  # fmt: skip
     if "hf_sequential_tok_s" in r:
         rows += [
             (
@@ -181,6 +207,12 @@ def write_report(results: dict[str, Any], out_dir: Path = OUT_DIR) -> None:
     ]
     if "batch1_reference_tok_s" in r:
         lines.append(f"| infer, 1 request, PyTorch reference kernels (one round) | {r['batch1_reference_tok_s']:.1f} |")
+    for name, figures in r.get("precisions", {}).items():
+        lines.append(f"| infer, 1 request, {name} weights (one round) | {figures['batch1_decode_tok_s']:.1f} |")
+    if "tok_s" in r.get("llama", {}):
+        lines.append(f"| llama.cpp `llama-server`, 1 request over HTTP (1 / mean time per token) "
+                     f"| {r['llama']['batch1_decode_tok_s']:.1f} |")  # fmt: skip
+    lines += _peer_lines(r)
     lines += [
         "",
     ]
@@ -204,6 +236,8 @@ def main() -> None:
     ap.add_argument("--batch1-rounds", type=int, default=5, help="batch-1 runs, each between two bandwidth reads")
     ap.add_argument("--out-dir", type=Path, default=OUT_DIR)
     ap.add_argument("--skip-reference", action="store_true", help="skip infer on the PyTorch reference kernels")
+    ap.add_argument("--skip-precisions", action="store_true", help="skip infer with bf16 and int8 weights")
+    ap.add_argument("--skip-llama", action="store_true", help="skip llama.cpp's llama-server")
     args = ap.parse_args()
     model_dir = default_model_dir()
     llm = LLM(str(model_dir), max_model_len=1024)
@@ -236,7 +270,16 @@ def main() -> None:
         results["ours_reference_tok_s"] = bench_ours(llm, work)
         results["batch1_reference_tok_s"] = bench_batch1_decode(llm, work.prompts[0][:128], args.batch1_tokens)
         set_kernel_backend(None)
+    slots = llm.core.config.max_num_seqs
     del llm
+    batch1_prompt = work.prompts[0][:128]
+    if not args.skip_precisions:
+        results["precisions"] = bench_precisions(
+            model_dir, work.prompts, work.max_new, lambda llm: bench_ours(llm, work),
+            lambda llm: bench_batch1_decode(llm, batch1_prompt, args.batch1_tokens),
+        )  # fmt: skip
+    if not args.skip_llama:
+        results["llama"] = bench_llama(work.prompts, work.max_new, slots, batch1_prompt, args.batch1_tokens)
     if not args.skip_hf:
         model = hf_model(model_dir)
         results["hf_sequential_requests"] = args.hf_sequential
