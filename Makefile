@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev kernels tools test test-fast test-slow fuzz soak lint typecheck proto image clean bench-offline bench-precision profile-step bench-serving peers
+.PHONY: serve setup setup-dev kernels tools test test-fast test-slow fuzz soak lint typecheck proto image clean bench-offline bench-precision profile-step bench-serving peers test-gpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,17 @@ test-fast: tools kernels
 
 test-slow: $(DEV_STAMP) kernels
 	$(BIN)/pytest -q -m slow
+
+# CUDA checks, on a machine with a GPU: the Triton kernel tests compiled for real against their PyTorch
+# references, the default model's greedy parity on CUDA (tests/gpu), then benchmarks/kernels.py and
+# benchmarks/cuda.py, which write docs/benchmarks/kernels.* and cuda.*. Without CUDA it all skips.
+# GPU_PREREQ= and BIN=<a python's bin folder> run it on a machine's own torch instead of .venv's.
+GPU_PREREQ ?= $(DEV_STAMP)
+test-gpu: $(GPU_PREREQ)
+	INFER_TEST_DEVICE=cuda $(BIN)/python -m pytest -q -p no:cacheprovider -m "triton or gpu" tests/unit/kernels tests/gpu
+	@if $(BIN)/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+		$(BIN)/python benchmarks/kernels.py --dtype bf16 fp16 fp32 && $(BIN)/python benchmarks/cuda.py; \
+	else echo "test-gpu: torch sees no CUDA device; the GPU benchmarks are skipped"; fi
 
 # soak: mixed traffic (slow readers, disconnects, deadlines, invalid) for 10 minutes; writes docs/reliability.md
 soak: $(DEV_STAMP)

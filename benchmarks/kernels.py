@@ -1,27 +1,34 @@
 """Time each Triton kernel against its PyTorch reference, on shapes of a Llama-3-8B-sized layer.
 
-    python benchmarks/kernels.py                 # on a CUDA machine; --dtype fp16|bf16|fp32
+    python benchmarks/kernels.py                 # on a CUDA machine; --dtype fp16 bf16 fp32 (one or more)
     python benchmarks/kernels.py --smoke         # tiny shapes, CPU, Triton's interpreter
 
 Each row runs both implementations on the same inputs, reports the largest
 difference between them, and the mean time of one call: wall clock over
 `--reps` calls between two CUDA syncs, after a warm-up call that also
-compiles. `--smoke` only proves the script and the kernels run; interpreter
-timings mean nothing.
+compiles. On CUDA it writes docs/benchmarks/kernels.json and kernels.md
+(`--out-dir` elsewhere). `--smoke` only proves the script and the kernels run;
+interpreter timings mean nothing, and it writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
 Fn = Callable[[], torch.Tensor]
+HEADER = "| kernel | max abs diff | triton ms | torch ms | speedup |"
+OUT_DIR = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -135,26 +142,70 @@ def time_ms(fn: Fn, reps: int) -> float:
     return (time.perf_counter() - start) * 1e3 / reps
 
 
+def run(sizes: Sizes, dtype: torch.dtype, dev: str, reps: int) -> list[dict[str, Any]]:
+    rows = []
+    for case in cases(sizes, dtype, dev):
+        diff = (case.triton().float() - case.torch().float()).abs().max().item()
+        t_triton, t_torch = time_ms(case.triton, reps), time_ms(case.torch, reps)
+        rows.append({"kernel": case.name, "max_abs_diff": diff, "triton_ms": t_triton, "torch_ms": t_torch})
+        print(f"{case.name:<58} {diff:>10.2e} {t_triton:>10.3f} {t_torch:>10.3f} {t_torch / t_triton:>7.2f}x")
+    return rows
+
+
+def write_report(results: dict[str, Any], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "kernels.json").write_text(json.dumps(results, indent=2) + "\n")
+    lines = [
+        "# Triton kernels against their PyTorch references",
+        "",
+        f"`make test-gpu` (benchmarks/kernels.py) on {results['device']}; torch {results['torch']}, "
+        f"triton {results['triton']}. Shapes of a Llama-3-8B-sized layer (32 query heads, 8 KV heads, "
+        "head_dim 128, hidden 4096, intermediate 14336, 16-token blocks); decode: 64 sequences with 1024 "
+        "cached tokens; prefill: 4 chunks of 512 over 1024 cached; mixed: 63 decodes and one chunk. "
+        f"Mean of {results['reps']} calls after a warm-up that compiles; speedup = torch / triton.",
+        "",
+    ]
+    for dtype, rows in results["dtypes"].items():
+        lines += [f"## {dtype}", "", HEADER, "|---|---|---|---|---|"]
+        for r in rows:
+            speedup = r["torch_ms"] / r["triton_ms"]
+            lines.append(
+                f"| {r['kernel']} | {r['max_abs_diff']:.1e} | {r['triton_ms']:.3f} | {r['torch_ms']:.3f} "
+                f"| {speedup:.2f}x |"
+            )
+        lines.append("")
+    (out_dir / "kernels.md").write_text("\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), nargs="+", default=["bf16"])
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under the interpreter")
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR, help="where kernels.json and kernels.md go")
     args = parser.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
     elif not torch.cuda.is_available():
         print("needs a CUDA device (or --smoke, to check the script on the CPU)", file=sys.stderr)
         return 2
-    dtype = torch.float32 if args.smoke else DTYPES[args.dtype]
-    dev, reps = ("cpu", 1) if args.smoke else ("cuda", args.reps)
     torch.manual_seed(0)
     print(f"{'kernel':<58} {'max |diff|':>10} {'triton ms':>10} {'torch ms':>10} {'speedup':>8}")
-    for case in cases(SMOKE if args.smoke else FULL, dtype, dev):
-        diff = (case.triton().float() - case.torch().float()).abs().max().item()
-        t_triton, t_torch = time_ms(case.triton, reps), time_ms(case.torch, reps)
-        print(f"{case.name:<58} {diff:>10.2e} {t_triton:>10.3f} {t_torch:>10.3f} {t_torch / t_triton:>7.2f}x")
+    if args.smoke:
+        run(SMOKE, torch.float32, "cpu", 1)
+        return 0
+    import triton
+
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "reps": args.reps,
+        "dtypes": {name: run(FULL, DTYPES[name], "cuda", args.reps) for name in args.dtype},
+    }
+    write_report(results, args.out_dir)
     return 0
 
 

@@ -90,32 +90,42 @@ def bench_batch1_against_ceiling(llm: LLM, prompt: list[int], num_new: int, roun
     return max(pairs, key=lambda pair: pair[0] / pair[1])
 
 
-def hf_model(model_dir: Path) -> Any:
+def hf_model(model_dir: Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Any:
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+
+
+def _hf_device(model: Any) -> torch.device:
+    device: torch.device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return device
 
 
 @torch.inference_mode()
 def bench_hf_sequential(model: Any, work: Workload) -> float:
-    start, generated = time.perf_counter(), 0
+    start, generated, device = time.perf_counter(), 0, _hf_device(model)
     for prompt, n in zip(work.prompts, work.max_new, strict=True):
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        ids = torch.tensor([prompt], device=device)
+        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
         generated += out.shape[1] - len(prompt)
+    _hf_device(model)
     return generated / (time.perf_counter() - start)
 
 
 @torch.inference_mode()
 def bench_hf_padded(model: Any, work: Workload, batch: int) -> float:
-    start, generated = time.perf_counter(), 0
+    start, generated, device = time.perf_counter(), 0, _hf_device(model)
     for i in range(0, len(work.prompts), batch):
         prompts, news = work.prompts[i : i + batch], work.max_new[i : i + batch]
         width = max(len(p) for p in prompts)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         n = max(news)
         model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
         generated += n * len(prompts)
+    _hf_device(model)
     return generated / (time.perf_counter() - start)
 
 

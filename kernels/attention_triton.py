@@ -48,7 +48,7 @@ def _attend_keys(
     kv_offset, stride_cb, stride_cs,  # kv_head * head stride; block and slot strides
     key_lo, key_hi, seq_len, head_dim, scale, softcap, sliding_window,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, TILE_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     dims = tl.arange(0, BLOCK_D)
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)  # finite: a row with no visible key yet stays NaN-free
@@ -62,7 +62,7 @@ def _attend_keys(
         offs = (blocks * stride_cb + (keys % BLOCK_SIZE) * stride_cs + kv_offset)[:, None] + dims[None, :]
         kv_mask = key_ok[:, None] & (dims < head_dim)[None, :]
         k = tl.load(k_cache_ptr + offs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_M, TILE_N] fp32
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, TILE_N] fp32
         if USE_SOFTCAP:
             s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap * tanh(s / softcap)
         visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
@@ -73,7 +73,7 @@ def _attend_keys(
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         v = tl.load(v_cache_ptr + offs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -93,6 +93,7 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr,  # query heads per kv head
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     TILE_N: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     q_tile, kv_head = tl.program_id(0), tl.program_id(1)
     seq = _find_seq(query_start_loc_ptr, num_seqs, q_tile, BLOCK_Q)
@@ -118,7 +119,7 @@ def _paged_attention_kernel(
     out = _attend_keys(
         q.to(DOT_DTYPE), q_pos, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq.to(tl.int64) * stride_table,
         kv_head * stride_ch, stride_cb, stride_cs, key_lo, key_hi, seq_len, head_dim, scale, softcap,
-        sliding_window, BLOCK_SIZE, BLOCK_M, BLOCK_D, TILE_N, USE_WINDOW, USE_SOFTCAP, DOT_DTYPE,
+        sliding_window, BLOCK_SIZE, BLOCK_M, BLOCK_D, TILE_N, USE_WINDOW, USE_SOFTCAP, DOT_DTYPE, DOT_PRECISION,
     )  # fmt: skip
     out_offs = (token * stride_ot + head * stride_oh)[:, None] + dims[None, :]
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -135,6 +136,12 @@ def _query_tile(group: int, max_query_len: int) -> tuple[int, int]:
 def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
     # NOTE: the interpreter's tl.dot is wrong for bf16 operands; it computes those in fp32
     return tl.float32 if dtype == torch.bfloat16 and is_interpreted() else _TL_DTYPES[dtype]
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # NOTE: on CUDA an fp32 tl.dot defaults to TF32 (10-bit mantissas); an fp32 model asked for fp32, as its
+    # PyTorch reference computes it (torch leaves TF32 matmuls off), so fp32 caches get IEEE products
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def paged_attention_triton(
@@ -167,6 +174,6 @@ def paged_attention_triton(
         GROUP=group, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), TILE_N=TILE_N,
         USE_WINDOW=spec.sliding_window is not None, USE_SOFTCAP=spec.softcap is not None,
-        DOT_DTYPE=_dot_dtype(k_cache.dtype),
+        DOT_DTYPE=_dot_dtype(k_cache.dtype), DOT_PRECISION=_dot_precision(k_cache.dtype),
     )  # fmt: skip
     return out

@@ -7,6 +7,15 @@ from pathlib import Path
 import pytest
 
 from infer.engine import default_model
+from tests.helpers.device import cuda_missing
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test-gpu` on a machine without CUDA: every test is skipped, with the reason."""
+    if cuda_missing():
+        skip = pytest.mark.skip(reason="INFER_TEST_DEVICE=cuda but torch sees no CUDA device")
+        for item in items:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,11 @@ class Batch:
 
 
 def metadata(
-    query_lens: Sequence[int], seq_lens: Sequence[int], tables: list[list[int]], block_size: int
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    tables: list[list[int]],
+    block_size: int,
+    device: torch.device | str = "cpu",
 ) -> AttentionMetadata:
     """Metadata for sequences whose last `query_lens[i]` of `seq_lens[i]` tokens are new."""
     slots = [
@@ -47,10 +51,10 @@ def metadata(
     for n in query_lens:
         starts.append(starts[-1] + n)
     return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        block_tables=torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        block_tables=torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         query_lens=tuple(query_lens),
         context_lens=tuple(seq_lens),
     )
@@ -68,15 +72,24 @@ def random_tables(seq_lens: Sequence[int], block_size: int, num_blocks: int, gen
     return tables
 
 
-def make_batch(query_lens: Sequence[int], seq_lens: Sequence[int], shape: Shape, seed: int = 0) -> Batch:
-    """A mixed batch over a cache full of random values (the context, and garbage in other blocks)."""
+def make_batch(
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    shape: Shape,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> Batch:
+    """A mixed batch over a cache full of random values (the context, and garbage in other blocks).
+
+    The values are drawn on the CPU (the same numbers on every device), then moved to `device`.
+    """
     gen = torch.Generator().manual_seed(seed)
     num_tokens, bs = sum(query_lens), shape.block_size
     num_blocks = sum(-(-n // bs) for n in seq_lens) + 3  # a few blocks nobody owns
-    meta = metadata(query_lens, seq_lens, random_tables(seq_lens, bs, num_blocks, gen), bs)
+    meta = metadata(query_lens, seq_lens, random_tables(seq_lens, bs, num_blocks, gen), bs, device)
 
     def randn(*size: int) -> torch.Tensor:
-        return torch.randn(*size, generator=gen).to(shape.dtype)
+        return torch.randn(*size, generator=gen).to(device=device, dtype=shape.dtype)
 
     q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     qkv = randn(num_tokens, q_size + 2 * kv_size)

@@ -1,5 +1,8 @@
 """Kernel tests: the Triton kernels run in Triton's interpreter, on CPU tensors, on any machine.
 
+Under `make test-gpu` (INFER_TEST_DEVICE=cuda) the same tests compile the kernels for real and run
+them on the GPU instead; the interpreter stays off.
+
 NOTE: TRITON_INTERPRET must be set before the first `@triton.jit` runs, i.e.
 before any `infer.kernels.*_triton` module is imported. pytest imports this
 file before the test modules of this folder, and nothing outside it imports
@@ -17,10 +20,12 @@ from collections.abc import Iterator
 import pytest
 
 from infer.kernels import set_kernel_backend
+from tests.helpers.device import ON_CUDA
 
-os.environ["TRITON_INTERPRET"] = "1"
+if not ON_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
 _early = sorted(m for m in sys.modules if m.startswith("infer.kernels.") and m.endswith("_triton"))
-if _early:
+if _early and not ON_CUDA:
     raise RuntimeError(f"{', '.join(_early)} imported before TRITON_INTERPRET=1 was set")
 
 

@@ -1,4 +1,4 @@
-"""The Triton gated-activation kernels against the PyTorch references (interpreter)."""
+"""The Triton gated-activation kernels against the PyTorch references (interpreter, or CUDA)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from infer.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from tests.helpers.device import TEST_DEVICE
 
 pytest.importorskip("triton")
 # NOTE: the interpreter's numpy warns when exp(-x) overflows to inf in sigmoid; the result (0) is right
@@ -24,5 +25,5 @@ PAIRS = [(silu_and_mul_triton, silu_and_mul_ref), (gelu_tanh_and_mul_triton, gel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("d", [128, 1100])  # 1100: two column tiles, the second partial
 def test_matches_reference(kernel: Activation, reference: Activation, dtype: torch.dtype, d: int) -> None:
-    x = (torch.randn(6, 2 * d, generator=torch.Generator().manual_seed(d)) * 4).to(dtype)
+    x = (torch.randn(6, 2 * d, generator=torch.Generator().manual_seed(d)) * 4).to(TEST_DEVICE, dtype)
     torch.testing.assert_close(kernel(x), reference(x), atol=ATOL[dtype], rtol=ATOL[dtype])

@@ -1,4 +1,4 @@
-"""A whole tiny model with INFER_KERNELS=triton (interpreter) gives the torch path's greedy tokens."""
+"""A whole tiny model with INFER_KERNELS=triton (interpreter, or CUDA) gives the torch path's greedy tokens."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from infer.engine.loader import load_model
 from infer.engine.models import CausalLM
 from infer.kernels import set_kernel_backend
+from tests.helpers.device import TEST_DEVICE
 from tests.helpers.mixed_steps import greedy_mixed_steps
 from tests.helpers.tiny_models import ARCHS, make_tiny_model
 
@@ -30,7 +31,7 @@ def _generate(model: CausalLM) -> tuple[list[list[int]], torch.Tensor]:
 def test_greedy_tokens_match_the_torch_path(
     arch: str, tmp_path: Path, backend: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = load_model(make_tiny_model(arch, tmp_path / arch))
+    model = load_model(make_tiny_model(arch, tmp_path / arch), device=TEST_DEVICE)
     monkeypatch.setenv("INFER_KERNELS", "torch")
     expected_tokens, expected_logits = _generate(model)
     launches = []

@@ -1,4 +1,4 @@
-"""The Triton RMSNorm kernels against the PyTorch references (interpreter)."""
+"""The Triton RMSNorm kernels against the PyTorch references (interpreter, or CUDA)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from infer.kernels.norm import fused_add_rms_norm_ref, rms_norm_ref
+from tests.helpers.device import TEST_DEVICE
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
@@ -16,7 +17,7 @@ ATOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
 def _randn(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(TEST_DEVICE, dtype)
 
 
 @pytest.mark.parametrize("hidden", [64, 96])
