@@ -5,9 +5,10 @@
 // 32-byte load is 16 channels x 2 k. A thread owns whole strips:
 // - with AVX-512 BF16 (chosen at build time, -march=native): weights become
 //   bf16 (exact for int8), activations are rounded to bf16, and
-//   vdpbf16ps accumulates pairs in fp32. From 4 rows on, a strip is first
-//   expanded into a bf16 scratch (L1) shared by all rows; below that, each
-//   32-byte load is converted in registers.
+//   vdpbf16ps accumulates pairs in fp32. Up to 8 rows (one register tile),
+//   each 32-byte load is converted in registers and used by every row; with
+//   more rows a strip is first expanded into a bf16 scratch (L1) shared by
+//   all row tiles.
 // - elsewhere: the strip is expanded to fp32 [K][16] and rows accumulate in
 //   fp32 (plain loops, vectorised by the compiler).
 
@@ -55,23 +56,34 @@ inline __m512bh int8x32_to_bf16(const int8_t* src) {
   return _mm512_cvtne2ps_pbh(hi, lo);
 }
 
-// R rows of x (bf16 pairs, [rows][K / 2] uint32) against one strip
+// R rows of x (bf16 pairs, [rows][K / 2] uint32) against one strip. With few rows, U independent
+// accumulators per row (k pairs taken round-robin) hide vdpbf16ps's latency: one chain of dependent
+// dot products ran at a third of the memory bandwidth at batch 1.
 template <int R, bool kScratch>
 void tile_bf16(const Problem& P, const void* strip, const uint32_t* xb, int64_t m0, int64_t n0) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  constexpr int U = R == 1 ? 4 : 2;
+  __m512 acc[U][R];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < R; ++r) acc[u][r] = _mm512_setzero_ps();
   const int64_t pairs = P.K / 2;
-  for (int64_t kp = 0; kp < pairs; ++kp) {
+  auto step = [&](int u, int64_t kp) {
     const __m512bh w = kScratch ? reinterpret_cast<const __m512bh*>(strip)[kp]
                                 : int8x32_to_bf16(static_cast<const int8_t*>(strip) + kp * 32);
     for (int r = 0; r < R; ++r) {
       const __m512i x = _mm512_set1_epi32(static_cast<int>(xb[(m0 + r) * pairs + kp]));
-      acc[r] = _mm512_dpbf16_ps(acc[r], reinterpret_cast<const __m512bh&>(x), w);
+      acc[u][r] = _mm512_dpbf16_ps(acc[u][r], reinterpret_cast<const __m512bh&>(x), w);
     }
+  };
+  int64_t kp = 0;
+  for (; kp + U <= pairs; kp += U) {
+    for (int u = 0; u < U; ++u) step(u, kp + u);
   }
+  for (; kp < pairs; ++kp) step(0, kp);
   alignas(64) float out[kStrip];
   for (int r = 0; r < R; ++r) {
-    _mm512_store_ps(out, acc[r]);
+    __m512 sum = acc[0][r];
+    for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[u][r]);
+    _mm512_store_ps(out, sum);
     store_row(P, m0 + r, n0, out);
   }
 }
@@ -108,7 +120,7 @@ void run_bf16(const Problem& P, const float* x) {
     std::vector<__m512bh> scratch(P.K / 2);
     for (int64_t s = begin; s < end; ++s) {
       const int8_t* strip = P.packed + s * strip_bytes;
-      if (P.M >= 4) {
+      if (P.M > kMaxRows) {  // several row tiles: expand the strip once for all of them
         for (int64_t kp = 0; kp < P.K / 2; ++kp) scratch[kp] = int8x32_to_bf16(strip + kp * 32);
         rows_bf16<true>(P, scratch.data(), xb.data(), s * kStrip);
       } else {
