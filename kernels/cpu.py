@@ -25,7 +25,7 @@ from infer.kernels.attention import AttentionMetadata, AttentionSpec
 logger = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("paged_attention.cpp", "int8_linear.cpp", "small_linear.cpp")
+SOURCES = ("paged_attention.cpp", "int8_linear.cpp", "small_linear.cpp", "rms_norm.cpp")
 LIBRARY_NAME = "infer_cpu"
 
 
@@ -128,6 +128,34 @@ def write_kv(
 ) -> None:
     key, value = _rows(key, k_cache.dtype), _rows(value, k_cache.dtype)
     torch.ops.infer_cpu.write_kv(key, value, k_cache, v_cache, slot_mapping.long().contiguous())
+
+
+def supports_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the compiled RMSNorm takes these tensors: fp32 on the CPU, [T, n] or [T, heads, n], rows
+    contiguous. Other dtypes (bf16 models) stay on the reference, which rounds as transformers does."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.dim() in (2, 3)
+        and weight.dim() == 1
+        and x.stride(-1) == 1
+        and not torch.is_grad_enabled()
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The compiled twin of `norm.rms_norm_ref` for fp32 (see `supports_norm`)."""
+    out: torch.Tensor = torch.ops.infer_cpu.rms_norm(x, weight.contiguous(), eps)
+    return out
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compiled twin of `norm.fused_add_rms_norm_ref` for fp32 [T, hidden] rows: (normed, x + residual)."""
+    normed, summed = torch.ops.infer_cpu.fused_add_rms_norm(x, residual, weight.contiguous(), eps)
+    return normed, summed
 
 
 def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

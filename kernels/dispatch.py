@@ -70,6 +70,8 @@ def rms_norm(
         from infer.kernels.norm_triton import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps)
+    if use_cpu_kernels(x) and cpu.supports_norm(x, weight):
+        return cpu.rms_norm(x, weight, eps)
     return norm.rms_norm_ref(x, weight, eps)
 
 
@@ -83,6 +85,8 @@ def fused_add_rms_norm(
         from infer.kernels.norm_triton import fused_add_rms_norm_triton
 
         return fused_add_rms_norm_triton(x, residual, weight, eps)
+    if use_cpu_kernels(x) and x.dim() == 2 and cpu.supports_norm(x, weight) and cpu.supports_norm(residual, weight):
+        return cpu.fused_add_rms_norm(x, residual, weight, eps)
     return norm.fused_add_rms_norm_ref(x, residual, weight, eps)
 
 
