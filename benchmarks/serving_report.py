@@ -181,7 +181,7 @@ def plots(runs: Runs, out_dir: Path) -> list[Path]:
 
 
 CONFIGS = {
-    "continuous": "the defaults: continuous batching, paged KV, chunked prefill (512-token steps), prefix caching",
+    "continuous": "the defaults: continuous batching, paged KV, chunked prefill (256-token steps), prefix caching",
     "static": "`--batching static`: a batch is gathered, run to its end, then the next",
     "full": "`--kv-reserve full`: each request reserves max_model_len of KV blocks at admission",
     "unchunked": "`--no-enable-chunked-prefill --max-num-batched-tokens 2048`: each prompt prefilled whole",
