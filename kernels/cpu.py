@@ -25,7 +25,7 @@ from infer.kernels.attention import AttentionMetadata, AttentionSpec
 logger = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("paged_attention.cpp", "int8_linear.cpp", "small_linear.cpp", "rms_norm.cpp")
+SOURCES = ("paged_attention.cpp", "int8_linear.cpp", "small_linear.cpp", "rms_norm.cpp", "rotary.cpp")
 LIBRARY_NAME = "infer_cpu"
 
 
@@ -156,6 +156,28 @@ def fused_add_rms_norm(
     """The compiled twin of `norm.fused_add_rms_norm_ref` for fp32 [T, hidden] rows: (normed, x + residual)."""
     normed, summed = torch.ops.infer_cpu.fused_add_rms_norm(x, residual, weight.contiguous(), eps)
     return normed, summed
+
+
+def supports_rotary(x: torch.Tensor, cache: torch.Tensor, out: torch.Tensor | None) -> bool:
+    """Whether the compiled RoPE takes these tensors: fp32 [T, heads, head_dim] on the CPU, rows contiguous
+    (an `out` too), no autograd."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and cache.dtype == torch.float32
+        and x.dim() == 3
+        and x.stride(-1) == 1
+        and (out is None or (out.dtype == torch.float32 and out.shape == x.shape and out.stride(-1) == 1))
+        and not torch.is_grad_enabled()
+    )
+
+
+def rotary(
+    x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The compiled twin of `rotary.apply_rotary_ref` for fp32 (see `supports_rotary`); `out` may be `x`."""
+    rotated: torch.Tensor = torch.ops.infer_cpu.rotary(x, positions, cache, out)
+    return rotated
 
 
 def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -58,6 +58,8 @@ def apply_rotary(
         from infer.kernels.rotary_triton import apply_rotary_triton
 
         return apply_rotary_triton(x, angles.positions, angles.cache, out)
+    if use_cpu_kernels(x) and cpu.supports_rotary(x, angles.cache, out):
+        return cpu.rotary(x, angles.positions, angles.cache, out)
     return rotary.rotate_ref(x, angles, out)
 
 
