@@ -119,29 +119,20 @@ def paged_attention(
     return out
 
 
-def write_kv(
-    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    slot_mapping: torch.Tensor,  # [num_tokens] int64; a negative slot skips the token
-) -> None:
-    key, value = _rows(key, k_cache.dtype), _rows(value, k_cache.dtype)
-    torch.ops.infer_cpu.write_kv(key, value, k_cache, v_cache, slot_mapping.long().contiguous())
+def _plain_fp32(x: torch.Tensor) -> bool:
+    """fp32 on the CPU, rows contiguous, autograd off: what the compiled elementwise kernels take (no backward)."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(-1) == 1 and not torch.is_grad_enabled()
 
 
 def supports_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the compiled RMSNorm takes these tensors: fp32 on the CPU, [T, n] or [T, heads, n], rows
     contiguous. Other dtypes (bf16 models) stay on the reference, which rounds as transformers does."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and x.dim() in (2, 3)
-        and weight.dim() == 1
-        and x.stride(-1) == 1
-        and not torch.is_grad_enabled()
-    )
+    return _plain_fp32(x) and x.dim() in (2, 3) and weight.dtype == torch.float32 and weight.dim() == 1
+
+
+def supports_fused_add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the compiled residual-add + RMSNorm takes these: [T, hidden] rows as `supports_norm` says."""
+    return x.dim() == 2 and supports_norm(x, weight) and supports_norm(residual, weight)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -162,13 +153,10 @@ def supports_rotary(x: torch.Tensor, cache: torch.Tensor, out: torch.Tensor | No
     """Whether the compiled RoPE takes these tensors: fp32 [T, heads, head_dim] on the CPU, rows contiguous
     (an `out` too), no autograd."""
     return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and cache.dtype == torch.float32
+        _plain_fp32(x)
         and x.dim() == 3
-        and x.stride(-1) == 1
+        and cache.dtype == torch.float32
         and (out is None or (out.dtype == torch.float32 and out.shape == x.shape and out.stride(-1) == 1))
-        and not torch.is_grad_enabled()
     )
 
 

@@ -87,7 +87,7 @@ def fused_add_rms_norm(
         from infer.kernels.norm_triton import fused_add_rms_norm_triton
 
         return fused_add_rms_norm_triton(x, residual, weight, eps)
-    if use_cpu_kernels(x) and x.dim() == 2 and cpu.supports_norm(x, weight) and cpu.supports_norm(residual, weight):
+    if use_cpu_kernels(x) and cpu.supports_fused_add_norm(x, residual, weight):
         return cpu.fused_add_rms_norm(x, residual, weight, eps)
     return norm.fused_add_rms_norm_ref(x, residual, weight, eps)
 

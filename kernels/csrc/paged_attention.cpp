@@ -263,7 +263,6 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key, const
 }  // namespace infer_cpu
 
 TORCH_LIBRARY_FRAGMENT(infer_cpu, m) {
-  m.def("write_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
   m.def(
       "paged_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor slot_mapping, Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, float scale, "
@@ -271,6 +270,5 @@ TORCH_LIBRARY_FRAGMENT(infer_cpu, m) {
 }
 
 TORCH_LIBRARY_IMPL(infer_cpu, CPU, m) {
-  m.impl("write_kv", &infer_cpu::write_kv);
   m.impl("paged_attention", &infer_cpu::paged_attention);
 }

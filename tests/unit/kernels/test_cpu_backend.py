@@ -27,7 +27,6 @@ def test_forced_fallback_runs_the_reference(monkeypatch: pytest.MonkeyPatch, bac
     monkeypatch.setenv("INFER_KERNELS", "torch")
     set_kernel_backend(None)
     monkeypatch.setattr(cpu, "paged_attention", _refuse)
-    monkeypatch.setattr(cpu, "write_kv", _refuse)
     batch = make_batch([1, 6], [20, 6], Shape(4, 2, 64))
     *args, kc, vc = batch.args()
     out = kernels.paged_attention(*args, kc, vc, batch.meta, SPEC)
