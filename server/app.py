@@ -58,6 +58,7 @@ class InferenceServer:
         self._local_dir: tempfile.TemporaryDirectory[str] | None = None
         self.port = 0
         self.local_address: str | None = None  # the gateway's hop when TLS is on: unix:PATH
+        self.api_keys: ApiKeys | None = None  # read at start, shared with the in-process gateway
         self.metrics_port: int | None = None
 
     @property
@@ -71,7 +72,7 @@ class InferenceServer:
     async def start(self) -> None:
         """Listen at once, reporting NOT_SERVING until `load` is done."""
         cfg = self.config
-        keys = ApiKeys.from_settings(cfg.api_key, cfg.api_keys_file)
+        self.api_keys = keys = ApiKeys.from_settings(cfg.api_key, cfg.api_keys_file)
         interceptors = [ApiKeyInterceptor(keys)] if keys is not None else []
         server = grpc.aio.server(options=grpc_options(cfg), interceptors=interceptors)
         servicer = InferenceServicer(self.lifecycle, self.telemetry, cfg.limits)
@@ -94,6 +95,11 @@ class InferenceServer:
                 await server.stop(None)
                 raise OSError(f"cannot serve metrics on {cfg.host}:{cfg.metrics_port}: {e}") from None
             logger.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, self.metrics_port)
+
+    @property
+    def gateway_upstream(self) -> str:
+        """Where the in-process gateway reaches this server: the private Unix socket under TLS, else the port."""
+        return self.local_address or local_upstream(self.config.host, self.port)
 
     def _listen(self, server: grpc.aio.Server) -> int:
         """Add the listening port (TLS when configured; then a private Unix socket for the in-process gateway)."""
@@ -155,7 +161,7 @@ async def serve(config: ServerConfig) -> int:
     """`infer serve`: run until SIGTERM or SIGINT, then drain and exit 0; 1 when the model fails to load."""
     server = InferenceServer(config)
     await server.start()
-    gateway = await start_gateway(config, server.local_address or local_upstream(config.host, server.port))
+    gateway = await start_gateway(server)
 
     async def load_and_serve() -> None:
         await server.load()
@@ -172,18 +178,20 @@ async def serve(config: ServerConfig) -> int:
     return 0
 
 
-async def start_gateway(config: ServerConfig, upstream: str) -> GatewayServer | None:
-    """The OpenAI gateway in the same process and loop: a gRPC client of this server, behind the same door."""
+async def start_gateway(server: InferenceServer) -> GatewayServer | None:
+    """The OpenAI gateway in the same process and loop: a gRPC client of this (started) server, behind the same
+    door (its TLS files and API keys)."""
+    config = server.config
     if config.http_port is None:
         return None
     gateway = GatewayServer(
         GatewayConfig(
-            upstream=upstream,
+            upstream=server.gateway_upstream,
             host=config.host,
             http_port=config.http_port,
             shutdown_grace_s=config.shutdown_grace_s,
             tls=config.tls,
-            api_keys=ApiKeys.from_settings(config.api_key, config.api_keys_file),
+            api_keys=server.api_keys,
             limits=HttpLimits(config.max_request_bytes, config.http_header_timeout_s, config.http_body_timeout_s),
             max_output_tokens=config.max_output_tokens,
         )

@@ -41,7 +41,7 @@ def secure(default_model_dir: Path, certs: Certs) -> Iterator[tuple[ServerThread
     )  # fmt: skip
     server = ServerThread(config)
     assert server.server.local_address is not None
-    gateway = server.call(start_gateway(config, server.server.local_address))
+    gateway = server.call(start_gateway(server.server))
     assert gateway is not None
     try:
         yield server, gateway
