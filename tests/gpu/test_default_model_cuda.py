@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from infer import LLM, SamplingParams
+from tests.helpers.hf_reference import hf_greedy
 
 # NOTE: the Triton kernel modules are imported inside the tests, never at collection: under `make test`
 # tests/unit/kernels/conftest.py must set TRITON_INTERPRET=1 before anything imports them
@@ -28,18 +29,6 @@ def reference(default_model_dir: Path) -> Any:
 
     model = transformers.AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32)
     return model.to("cuda").eval()
-
-
-def _hf_greedy(model: Any, ids: list[int]) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([ids], device="cuda"),
-            max_new_tokens=NUM_NEW,
-            min_new_tokens=NUM_NEW,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return [int(t) for t in out[0, len(ids) :]]
 
 
 # 512: each prompt prefills in one step beside the others' decodes; 8: prompts prefill in 8-token chunks
@@ -64,7 +53,7 @@ def test_greedy_tokens_match_transformers_on_cuda(
     params = SamplingParams(max_tokens=NUM_NEW, temperature=0, min_tokens=NUM_NEW)
     ours = [o.token_ids for o in llm.generate(prompts, params)]
     assert launches and all(d.type == "cuda" for d in launches)  # Triton attention ran, on the GPU
-    assert ours == [_hf_greedy(reference, p) for p in prompts]
+    assert ours == [hf_greedy(reference, p, NUM_NEW) for p in prompts]
     llm.core.block_manager.assert_no_leaks()
 
 
@@ -73,5 +62,5 @@ def test_bfloat16_on_cuda_starts_as_fp32_does(default_model_dir: Path, reference
     llm = LLM(str(default_model_dir), device="cuda", dtype="bfloat16", max_model_len=512)
     prompt = llm.tokenizer.encode(PROMPTS[0])
     [out] = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0, min_tokens=4))
-    assert out.token_ids == _hf_greedy(reference, prompt)[:4]
+    assert out.token_ids == hf_greedy(reference, prompt, NUM_NEW)[:4]
     llm.core.block_manager.assert_no_leaks()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from infer import LLM, SamplingParams
+from tests.helpers.hf_reference import hf_greedy
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 CHAT = [{"role": "user", "content": "Give me three tips for staying focused."}]
@@ -23,25 +24,13 @@ def reference(default_model_dir: Path) -> Any:
     return transformers.AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
 
 
-def _hf_greedy(model: Any, ids: list[int], num_new: int, ignore_eos: bool = True) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([ids]),
-            max_new_tokens=num_new,
-            min_new_tokens=num_new if ignore_eos else 0,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return [int(t) for t in out[0, len(ids) :]]
-
-
 def test_greedy_32_tokens_match_transformers(default_model_dir: Path, reference: Any) -> None:
     llm = LLM(str(default_model_dir), max_model_len=512)
     prompts = [llm.tokenizer.encode(p) for p in PROMPTS] + [llm.tokenizer.encode_chat(CHAT)]
     # min_tokens bans eos as transformers' min_new_tokens does
     params = SamplingParams(max_tokens=32, temperature=0, min_tokens=32)
     ours = [o.token_ids for o in llm.generate(prompts, params)]
-    assert ours == [_hf_greedy(reference, p, 32) for p in prompts]
+    assert ours == [hf_greedy(reference, p, 32) for p in prompts]
     llm.core.block_manager.assert_no_leaks()
 
 
@@ -50,7 +39,7 @@ def test_cli_generate_prints_the_transformers_continuation(default_model_dir: Pa
 
     tokenizer = Tokenizer.from_dir(default_model_dir)
     prompt = "The capital of France is"
-    expected = tokenizer.decode(_hf_greedy(reference, tokenizer.encode(prompt), 16, ignore_eos=False))
+    expected = tokenizer.decode(hf_greedy(reference, tokenizer.encode(prompt), 16, ignore_eos=False))
     cmd = [sys.executable, "-m", "infer", "generate", prompt, "--max-tokens", "16", "--temperature", "0"]
     cmd += ["--model", str(default_model_dir)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
