@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hmac
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,6 @@ from tests.unit.server.gateway.gateway_helpers import LoopThread
 from tests.unit.server.security_helpers import Certs, guarded, make_certs
 
 KEYS = ("key-one", "key-two-longer")
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[LoopThread]:
-    loop = LoopThread()
-    yield loop
-    loop.close()
 
 
 @pytest.fixture(scope="module")

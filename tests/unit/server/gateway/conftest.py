@@ -17,13 +17,6 @@ from tests.unit.server.gateway.gateway_helpers import (
 
 
 @pytest.fixture(scope="module")
-def loop() -> Iterator[LoopThread]:
-    loop = LoopThread()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def upstream(loop: LoopThread) -> Iterator[FakeUpstream]:
     fake = FakeUpstream()
     loop.call(fake.start())

@@ -1,0 +1,17 @@
+"""Fixtures shared by the server's unit tests (the gateway's and the security tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.unit.server.gateway.gateway_helpers import LoopThread
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[LoopThread]:
+    """An event loop on its own thread, per test module: servers run there, tests call into it."""
+    loop = LoopThread()
+    yield loop
+    loop.close()
