@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.unit.server.gateway.gateway_helpers import LoopThread
+from tests.unit.server.security_helpers import Certs, make_certs
 
 
 @pytest.fixture(scope="module")
@@ -15,3 +16,9 @@ def loop() -> Iterator[LoopThread]:
     loop = LoopThread()
     yield loop
     loop.close()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A test CA, a server certificate for localhost, a client certificate and an unrelated CA."""
+    return make_certs(tmp_path_factory.mktemp("certs"))

@@ -21,14 +21,9 @@ from infer.server.limits import RequestLimits
 from infer.server.security import ApiKeys, TlsFiles, server_credentials
 from infer.server.settings import ServerConfig
 from tests.unit.server.gateway.gateway_helpers import LoopThread
-from tests.unit.server.security_helpers import Certs, guarded, make_certs
+from tests.unit.server.security_helpers import Certs, guarded
 
 KEYS = ("key-one", "key-two-longer")
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 def _info(address: str, tls: ClientTls | None = None, api_key: str | None = None) -> pb.GetModelInfoResponse:

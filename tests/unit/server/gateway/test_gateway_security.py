@@ -23,14 +23,9 @@ from tests.unit.server.gateway.gateway_helpers import (
     error_of,
     running_gateway,
 )
-from tests.unit.server.security_helpers import Certs, guarded, make_certs
+from tests.unit.server.security_helpers import Certs, guarded
 
 KEY = "sk-test-key"
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 @pytest.fixture(scope="module")
