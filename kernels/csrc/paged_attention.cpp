@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "attention_avx512.h"
+#include "common.h"
 
 namespace infer_cpu {
 namespace {

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,101 @@ def test_infer_kernels_cpu_without_a_build_is_an_error(tmp_path: Path) -> None:
     code = "from infer.kernels import kernel_backend; kernel_backend()"
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert run.returncode != 0 and "INFER_KERNELS=cpu but the compiled CPU kernels are not built" in run.stderr
+
+
+@pytest.fixture
+def fresh_load(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """`cpu.load` and the tags recomputed in this test, and again after it (the real build loads back)."""
+
+    def clear() -> None:
+        for cached in (cpu.load, cpu.build_tag, cpu.level_tag):
+            cached.cache_clear()
+
+    clear()
+    yield
+    monkeypatch.undo()
+    clear()
+
+
+def test_missing_sources_fall_back_without_raising(
+    monkeypatch: pytest.MonkeyPatch, fresh_load: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # an install without the C++ sources (they were not package data): the references, never an exception
+    monkeypatch.setattr(cpu, "CSRC_DIR", Path("/nonexistent/infer/kernels/csrc"))
+    with caplog.at_level("WARNING", logger="infer.kernels.cpu"):
+        assert cpu.load() is False
+    assert "compiled CPU kernels unavailable" in caplog.text and "PyTorch references run" in caplog.text
+
+
+def test_a_library_that_does_not_load_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_load: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("INFER_KERNEL_CACHE", str(tmp_path))
+    broken = cpu.library_path()
+    broken.parent.mkdir(parents=True)
+    broken.write_bytes(b"not a shared library")
+    with caplog.at_level("WARNING", logger="infer.kernels.cpu"):
+        assert cpu.load() is False
+    assert f"compiled CPU kernels at {broken} did not load" in caplog.text
+
+
+_V3_FLAGS = frozenset({"sse2", "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})
+_V4_FLAGS = _V3_FLAGS | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "levels"),
+    [
+        (frozenset({"sse2"}), []),
+        (_V3_FLAGS, ["x86-64-v3"]),
+        (_V4_FLAGS, ["x86-64-v4", "x86-64-v3"]),
+        (_V4_FLAGS | {"avx512_bf16"}, ["x86-64-v4-bf16", "x86-64-v4", "x86-64-v3"]),
+    ],
+)
+def test_a_cpu_loads_its_native_build_first_then_the_best_level_it_supports(
+    monkeypatch: pytest.MonkeyPatch, fresh_load: None, flags: frozenset[str], levels: list[str]
+) -> None:
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
+    native, *portable = cpu.candidates()
+    assert native == cpu.library_path()
+    assert [p.parent.name.split("-", 1)[1] for p in portable] == levels
+
+
+def test_portable_builds_are_named_by_level_not_by_this_cpu(monkeypatch: pytest.MonkeyPatch, fresh_load: None) -> None:
+    level = cpu.LEVELS[0]
+    before = cpu.library_path(level), cpu.library_path()
+    cpu.build_tag.cache_clear()
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"sse2"}))
+    assert cpu.library_path(level) == before[0]  # the same build on any CPU
+    assert cpu.library_path() != before[1]  # a native build belongs to one CPU
+
+
+_COMPILED_KERNEL_TESTS = [f"tests/unit/kernels/test_{name}_cpu.py" for name in ("attention", "int8", "linear", "norm")]
+
+
+@pytest.mark.slow
+def test_every_portable_level_builds_and_agrees_with_the_references(tmp_path: Path) -> None:
+    """`cpu_build --portable` (what the image runs) builds every level; each level this CPU can run passes the
+    compiled-kernel tests alone in its cache (its plain loops where it lacks AVX-512), so a CPU of that level
+    gets correct kernels. Minutes: run by `make test-slow`."""
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler")
+    root = Path(__file__).resolve().parents[3]
+    built = tmp_path / "all"
+    build = [sys.executable, "-m", "infer.kernels.cpu_build", "--portable", "--strict"]
+    subprocess.run(build, env={**os.environ, "INFER_KERNEL_CACHE": str(built)}, cwd=root, check=True, timeout=1800)
+    libraries = {p.parent.name.split("-", 1)[1]: p for p in built.glob("*/infer_cpu.so")}
+    assert sorted(libraries) == sorted(level.name for level in cpu.portable_levels())
+    for level in cpu.portable_levels():
+        if not level.required_flags <= cpu.cpu_flags():
+            continue
+        alone = tmp_path / level.name / libraries[level.name].parent.name
+        alone.mkdir(parents=True)
+        shutil.copy(libraries[level.name], alone)
+        env = {**os.environ, "INFER_KERNEL_CACHE": str(tmp_path / level.name), "INFER_KERNELS": "cpu"}
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_COMPILED_KERNEL_TESTS],
+            env=env, cwd=root, capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        assert run.returncode == 0, f"{level.name}:\n{run.stdout[-4000:]}"
