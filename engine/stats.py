@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EngineStats:
-    num_waiting: int
+    num_waiting: int  # requests accepted and not yet running (pending aborts are not requests)
     num_running: int
     num_blocks_used: int
     num_blocks_free: int

@@ -292,3 +292,14 @@ def test_an_unsettled_max_model_len_is_refused() -> None:
         EngineConfig(max_model_len=4096).for_model(1024)
     with pytest.raises(ValueError, match="max_model_len: must be settled"):
         fake_core(max_model_len=0)
+
+
+def test_pending_aborts_are_not_waiting_requests(llm: LLM) -> None:
+    outputs: list[RequestOutput] = []
+    for i in range(3):
+        llm.core.add_request(f"w{i}", [3 + i, 4], GREEDY, outputs.append)
+    for i in range(100):  # cancels the step loop has not taken in yet
+        llm.core.abort(f"cancelled-{i}")
+    assert llm.core.stats().num_waiting == 3  # infer_requests_waiting
+    _run(llm.core)
+    assert sum(o.finished for o in outputs) == 3 and llm.core.stats().num_waiting == 0
