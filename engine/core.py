@@ -136,6 +136,13 @@ class EngineCore:
         self.inbox.abort(request_id)
         self.wakeup.set()
 
+    def abort_now(self, request_ids: Sequence[str]) -> None:
+        """Abort and end the requests before returning. Only on the thread that steps (the offline API)."""
+        for request_id in request_ids:
+            self.inbox.abort(request_id)
+        self._take_inbox()
+        self._count_waiting()
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work or self.inbox.has_items
@@ -173,7 +180,7 @@ class EngineCore:
         """One engine step; False when there was nothing to run."""
         self._take_inbox()
         out = self.scheduler.schedule(time.monotonic())
-        self.inbox.count_waiting(sum(1 for r in self.scheduler.waiting if r.first_scheduled_s is None))
+        self._count_waiting()
         if out.is_empty:
             return False
         started_s = time.monotonic()
@@ -189,6 +196,9 @@ class EngineCore:
         for rid, (token_id, logprob) in sampled.items():
             self._postprocess(self.live[rid], token_id, logprob)
         return True
+
+    def _count_waiting(self) -> None:
+        self.inbox.count_waiting(sum(1 for r in self.scheduler.waiting if r.first_scheduled_s is None))
 
     def stats(self) -> EngineStats:
         """A snapshot for metrics; safe to read from another thread (values may be one step old)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infer.engine.config import EngineConfig
-from infer.engine.core import EngineCore
+from infer.engine.core import EngineCore, QueueFullError
 from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
 from infer.engine.sampling_params import SamplingParams
 
@@ -56,7 +56,11 @@ class LLM:
         prompts: str | Sequence[str] | Sequence[Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[CompletionOutput]:
-        """One output per prompt, in order. Prompts are text or token id lists."""
+        """One output per prompt, in order. Prompts are text or token id lists.
+
+        More prompts than `max_waiting_requests` are fed to the engine as room frees up. A call that fails
+        (an exception, Ctrl-C) aborts what it queued: the engine is left as it was found.
+        """
         items: list[str | Sequence[int]] = (
             [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) else list(prompts)  # type: ignore[list-item]
         )
@@ -68,27 +72,54 @@ class LLM:
         for ids, p in zip(encoded, params, strict=True):
             self.core.validate(ids, p)
         outputs = [CompletionOutput(ids) for ids in encoded]
-        for out, p in zip(outputs, params, strict=True):
-            self._next_id += 1
-            self.core.add_request(f"llm-{self._next_id}", out.prompt_token_ids, p, out.add)
-        while any(o.finish_reason is None for o in outputs):
-            if not self.core.step() and not self.core.has_work:
-                raise RuntimeError("engine stopped with unfinished requests")
-        return outputs
+        pending = deque((self._new_id(), out, p) for out, p in zip(outputs, params, strict=True))
+        added: list[str] = []
+        try:
+            while True:
+                added += self._feed(pending)
+                if not pending and all(o.finish_reason is not None for o in outputs):
+                    return outputs
+                if not self.core.step() and not self.core.has_work and not pending:
+                    raise RuntimeError("engine stopped with unfinished requests")
+        except BaseException:
+            self.core.abort_now(added)
+            raise
+
+    def _new_id(self) -> str:
+        self._next_id += 1
+        return f"llm-{self._next_id}"
+
+    def _feed(self, pending: deque[tuple[str, CompletionOutput, SamplingParams]]) -> list[str]:
+        """Enqueue from the front of `pending` until the engine's queue is full; the ids enqueued."""
+        added = []
+        while pending:
+            request_id, out, p = pending[0]
+            try:
+                self.core.add_request(request_id, out.prompt_token_ids, p, out.add)
+            except QueueFullError:
+                break
+            added.append(request_id)
+            pending.popleft()
+        return added
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
-        """Deltas of one request as the engine steps: the text streams as it is generated."""
+        """Deltas of one request as the engine steps: the text streams as it is generated. Closing the
+        iterator early (or an exception in it) aborts the request."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         deltas: deque[RequestOutput] = deque()
-        self._next_id += 1
-        self.core.add_request(f"llm-{self._next_id}", ids, params or SamplingParams(), deltas.append)
+        request_id = self._new_id()
+        self.core.add_request(request_id, ids, params or SamplingParams(), deltas.append)
         finished = False
-        while not finished:
-            while not deltas:
-                self.core.step()
-            delta = deltas.popleft()
-            finished = delta.finished
-            yield delta
+        try:
+            while not finished:
+                while not deltas:
+                    self.core.step()
+                delta = deltas.popleft()
+                finished = delta.finished
+                yield delta
+        finally:
+            if not finished:
+                self.core.abort_now([request_id])
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> CompletionOutput:
         return self.generate([self.tokenizer.encode_chat(messages)], params)[0]
