@@ -15,6 +15,8 @@ import torch
 from infer.engine.request import TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 
+LOGPROB_FLOOR = -9999.0  # the logprob of a token that cannot be drawn (banned): finite, so JSON can carry it
+
 
 @dataclass(frozen=True)
 class SamplingRow:
@@ -53,6 +55,16 @@ def _apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
 
 
+def _ban(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """Eos and stop tokens while min_tokens is not reached; unless nothing would be left to draw."""
+    for i, row in enumerate(rows):
+        if row.banned_token_ids:
+            kept = logits[i].clone()
+            logits[i, list(row.banned_token_ids)] = float("-inf")
+            if bool(torch.isneginf(logits[i]).all()):  # stop_token_ids cover the vocabulary
+                logits[i] = kept
+
+
 def _filter(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Temperature, then top-k / top-p / min-p masks, on the rows that sample."""
     dev = logits.device
@@ -67,7 +79,8 @@ def _filter(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         drop = rank >= k
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs
-        drop |= mass_before >= torch.tensor(top_p, device=dev).unsqueeze(1)  # the first token always stays
+        drop |= mass_before >= torch.tensor(top_p, device=dev).unsqueeze(1)
+        drop[:, 0] = False  # the most likely token always stays (a top_p that rounds to 0 in float32 too)
         logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
     min_p = torch.tensor([r.params.min_p for r in rows], device=dev).unsqueeze(1)
     if bool((min_p > 0).any()):
@@ -106,11 +119,11 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         """logits: [num_rows, vocab] fp32, one row per request that samples this step."""
         assert logits.shape[0] == len(rows)
+        if not bool(torch.isfinite(logits).all()):
+            raise FloatingPointError("the model's logits are not finite (NaN or inf)")
         logits = logits.clone()
         _apply_penalties(logits, rows)
-        for i, row in enumerate(rows):
-            if row.banned_token_ids:
-                logits[i, list(row.banned_token_ids)] = float("-inf")
+        _ban(logits, rows)
         token_ids = logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         if sampled:
@@ -120,4 +133,4 @@ class Sampler:
         ids = token_ids.tolist()
         if all(r.params.logprobs is None for r in rows):
             return SamplerOutput(ids, [None] * len(rows))
-        return SamplerOutput(ids, _logprobs(logits.log_softmax(dim=-1), ids, rows))
+        return SamplerOutput(ids, _logprobs(logits.log_softmax(dim=-1).clamp(min=LOGPROB_FLOOR), ids, rows))

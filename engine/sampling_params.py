@@ -6,6 +6,12 @@ from dataclasses import dataclass
 
 from infer.engine.validation import check
 
+# NOTE: the sampler works in float32: a positive temperature or repetition penalty far below these divides the
+# logits into inf (or rounds to 0: 1e-300 is 0.0 in float32) and every draw is NaN. Smaller values are raised
+# to these minimums (docs/api.md), which sample as good as greedily.
+MIN_TEMPERATURE = 0.01
+MIN_REPETITION_PENALTY = 0.01
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -43,6 +49,10 @@ class SamplingParams:
         check("stop", len(self.stop) <= 16, "at most 16 stop strings")
         check("stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "must be >= 0")
         check("seed", self.seed is None or 0 <= self.seed < 2**63, "must be in [0, 2**63)")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
+        if self.repetition_penalty < MIN_REPETITION_PENALTY:
+            object.__setattr__(self, "repetition_penalty", MIN_REPETITION_PENALTY)
 
     @property
     def is_greedy(self) -> bool:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
+import pytest
 import torch
 
-from infer.engine.sampler import Sampler, SamplingRow
-from infer.engine.sampling_params import SamplingParams
+from infer.engine.sampler import LOGPROB_FLOOR, Sampler, SamplerOutput, SamplingRow
+from infer.engine.sampling_params import MIN_REPETITION_PENALTY, MIN_TEMPERATURE, SamplingParams
 
 LOGITS = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]])
 
@@ -81,3 +83,52 @@ def test_logprobs_top_n() -> None:
     assert [t for t, _ in lp.top] == [0, 1, 2]
     expected = torch.log_softmax(LOGITS[0], dim=-1)
     assert abs(lp.logprob - expected[0].item()) < 1e-6
+
+
+# argmax at 2, so a draw that falls back to token 0 (what NaN probabilities give) shows
+PEAKED = torch.tensor([[1.0, 3.0, 4.0, 2.0, 0.0, -1.0]])
+
+
+def _finite(out: SamplerOutput) -> bool:
+    values = [v for lp in out.logprobs if lp for v in (lp.logprob, *(t[1] for t in lp.top))]
+    return all(math.isfinite(v) for v in values)
+
+
+def test_a_tiny_temperature_is_raised_to_its_minimum_and_samples_near_greedily() -> None:
+    assert SamplingParams(temperature=1e-300).temperature == MIN_TEMPERATURE
+    assert SamplingParams(temperature=0.0).is_greedy  # 0 stays greedy
+    assert set(draws({"temperature": 1e-300}, n=50, logits=PEAKED)) == {2}  # was token 0 every time
+
+
+def test_a_tiny_repetition_penalty_gives_finite_logprobs() -> None:
+    assert SamplingParams(repetition_penalty=1e-300).repetition_penalty == MIN_REPETITION_PENALTY
+    sampler = Sampler(0, torch.device("cpu"))
+    for temperature in (0.0, 1.0):
+        out = sampler(PEAKED, [row(prompt=(1, 2), temperature=temperature, repetition_penalty=1e-300, logprobs=3)])
+        assert _finite(out)  # was NaN
+    greedy = sampler(PEAKED, [row(prompt=(1, 2), temperature=0.0, repetition_penalty=1e-300)])
+    assert greedy.token_ids == [2]  # 4 / 0.01 is still the largest logit
+
+
+def test_a_top_p_that_rounds_to_zero_keeps_the_most_likely_token() -> None:
+    assert set(draws({"temperature": 1.0, "top_p": 1e-300}, n=50, logits=PEAKED)) == {2}
+
+
+def test_when_every_token_is_banned_the_ban_is_lifted_rather_than_drawing_nan() -> None:
+    sampler = Sampler(0, torch.device("cpu"))
+    every = tuple(range(PEAKED.shape[1]))
+    out = sampler(PEAKED, [SamplingRow(SamplingParams(temperature=1.0, logprobs=2), (), (), None, every)])
+    assert out.token_ids[0] in every and _finite(out)
+
+
+def test_a_banned_token_has_the_floor_logprob_not_minus_infinity() -> None:
+    banned = SamplingRow(SamplingParams(temperature=0.0, logprobs=6), (), (), None, (0, 1, 2, 3))
+    out = Sampler(0, torch.device("cpu"))(PEAKED, [banned])
+    lp = out.logprobs[0]
+    assert out.token_ids == [4] and lp is not None
+    assert sorted(v for _, v in lp.top)[:4] == [LOGPROB_FLOOR] * 4
+
+
+def test_logits_that_are_not_finite_are_refused() -> None:
+    with pytest.raises(FloatingPointError, match="not finite"):
+        Sampler(0, torch.device("cpu"))(torch.tensor([[1.0, float("nan")]]), [row(temperature=0.0)])
