@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.types import CHAT_ROLES, OPTIONAL_SAMPLING_FIELDS, REQUEST_ID
 from infer.engine import EngineClient, FinishReason, RequestOutput, SamplingParams, Tokenizer, TokenLogprob
+from infer.server.limits import InputBounds
 
 _FINISH_REASONS = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH}
 
@@ -37,23 +39,56 @@ def _messages(proto: pb.ChatMessages) -> list[dict[str, str]]:
     return messages
 
 
-def _encode_chat(tokenizer: Tokenizer, messages: pb.ChatMessages, add_generation_prompt: bool = True) -> str:
+@dataclass(frozen=True)
+class InputSize:
+    """How big a request's input is, as it arrived: what rendering and tokenizing it will cost."""
+
+    num_chars: int = 0  # text, or the chat's roles and contents
+    num_messages: int = 0
+    num_token_ids: int = 0
+
+
+def checked_input_size(request: pb.GenerateRequest | pb.TokenizeRequest, bounds: InputBounds) -> InputSize:
+    """The input's size, refused (ValueError naming the limit) when over `bounds`. Cheap: no template, no
+    tokenizer, and a chat's characters are counted only once its message count is within bounds."""
+    kind = request.WhichOneof("input")
+    if kind == "prompt" or kind == "text":
+        size = InputSize(num_chars=len(getattr(request, kind)))
+        bounds.check_chars(kind, size.num_chars)
+    elif kind == "token_ids" and isinstance(request, pb.GenerateRequest):
+        size = InputSize(num_token_ids=len(request.token_ids.ids))
+        bounds.check_tokens(size.num_token_ids)
+    elif kind == "messages":
+        messages = request.messages.messages
+        bounds.check_messages(len(messages))
+        size = InputSize(sum(len(m.role) + len(m.content) for m in messages), len(messages))
+        bounds.check_chars("messages", size.num_chars, "the roles and contents are ")
+    else:
+        size = InputSize()  # no input: the conversion names the missing field
+    return size
+
+
+def _render_chat(
+    tokenizer: Tokenizer, messages: pb.ChatMessages, bounds: InputBounds, add_generation_prompt: bool = True
+) -> str:
     checked = _messages(messages)
     try:
-        return tokenizer.apply_chat_template(checked, add_generation_prompt=add_generation_prompt)
+        text = tokenizer.apply_chat_template(checked, add_generation_prompt=add_generation_prompt)
     except ValueError as e:
         raise ValueError(f"messages: {e}") from None
+    bounds.check_chars("messages", len(text), "the rendered chat is ")  # before it is tokenized
+    return text
 
 
-def prompt_token_ids(request: pb.GenerateRequest, tokenizer: Tokenizer) -> list[int]:
-    """The prompt as token ids, from text, ids or chat messages."""
+def prompt_token_ids(request: pb.GenerateRequest, tokenizer: Tokenizer, bounds: InputBounds) -> list[int]:
+    """The prompt as token ids, from text, ids or chat messages. Call `checked_input_size` first."""
     kind = request.WhichOneof("input")
     if kind == "prompt":
         return tokenizer.encode(request.prompt)
     if kind == "token_ids":
         return list(request.token_ids.ids)
     if kind == "messages":
-        return tokenizer.encode(_encode_chat(tokenizer, request.messages), add_special_tokens=False)
+        return tokenizer.encode(_render_chat(tokenizer, request.messages, bounds), add_special_tokens=False)
     raise ValueError("input: one of prompt, token_ids or messages is required")
 
 
@@ -95,13 +130,14 @@ def model_info(engine: EngineClient) -> pb.GetModelInfoResponse:
     )
 
 
-def tokenize(request: pb.TokenizeRequest, tokenizer: Tokenizer) -> pb.TokenizeResponse:
+def tokenize(request: pb.TokenizeRequest, tokenizer: Tokenizer, bounds: InputBounds) -> pb.TokenizeResponse:
+    """Call `checked_input_size` first."""
     kind = request.WhichOneof("input")
     if kind == "text":
         add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
         return pb.TokenizeResponse(token_ids=tokenizer.encode(request.text, add_special), text=request.text)
     if kind == "messages":
         add_prompt = request.add_generation_prompt if request.HasField("add_generation_prompt") else True
-        text = _encode_chat(tokenizer, request.messages, add_prompt)
+        text = _render_chat(tokenizer, request.messages, bounds, add_prompt)
         return pb.TokenizeResponse(token_ids=tokenizer.encode(text, add_special_tokens=False), text=text)
     raise ValueError("input: one of text or messages is required")

@@ -17,7 +17,8 @@ from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.engine import EngineClient, FinishReason, QueueFullError, SamplingParams
 from infer.server import convert
 from infer.server.lifecycle import Lifecycle, NotServingError
-from infer.server.limits import RequestLimits
+from infer.server.limits import InputBounds, RequestLimits
+from infer.server.prompt_workers import PromptWorkers
 from infer.server.telemetry import RequestTrace, Telemetry
 
 logger = logging.getLogger(__name__)
@@ -50,9 +51,16 @@ def _cancelled_code(context: grpc.aio.ServicerContext) -> str:
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
-    def __init__(self, lifecycle: Lifecycle, telemetry: Telemetry, limits: RequestLimits | None = None) -> None:
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        telemetry: Telemetry,
+        limits: RequestLimits | None = None,
+        prompt_workers: PromptWorkers | None = None,
+    ) -> None:
         self.lifecycle, self.telemetry = lifecycle, telemetry
         self.limits = limits or RequestLimits()
+        self.prompt_workers = prompt_workers or PromptWorkers(self.limits.max_pending_long_prompts)
 
     @contextlib.asynccontextmanager
     async def _rpc(
@@ -87,8 +95,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             convert.check_request_id(request.request_id)
             tokenizer = engine.tokenizer
             params = convert.sampling_params(request.sampling)
-            # NOTE: in a thread: tokenizing and checking a multi-MB prompt takes seconds; other streams go on
-            prompt = await asyncio.to_thread(_checked_prompt, engine, request, params)
+            bounds = self.limits.bounds(engine.config.max_model_len)
+            size = convert.checked_input_size(request, bounds)  # before any template or tokenizer work
+            prompt = await self.prompt_workers.run(size, lambda: _checked_prompt(engine, request, params, bounds))
             self.limits.check(len(prompt), params.max_tokens)
             _admit_by_deadline(engine, len(prompt), context.time_remaining())
             async with engine.generate(prompt, params, request_id) as stream:  # leaving early aborts it
@@ -111,7 +120,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
         async with self._rpc(context, "Tokenize") as (engine, _):
-            return await asyncio.to_thread(convert.tokenize, request, engine.tokenizer)
+            bounds = self.limits.bounds(engine.config.max_model_len)
+            size = convert.checked_input_size(request, bounds)
+            return await self.prompt_workers.run(size, lambda: convert.tokenize(request, engine.tokenizer, bounds))
         raise AssertionError("unreachable: _rpc aborts on error")
 
 
@@ -143,9 +154,11 @@ def _parsing(request_type: type[Message], handler: Handler) -> Handler:
     return parse_then_handle
 
 
-def _checked_prompt(engine: EngineClient, request: pb.GenerateRequest, params: SamplingParams) -> list[int]:
+def _checked_prompt(
+    engine: EngineClient, request: pb.GenerateRequest, params: SamplingParams, bounds: InputBounds
+) -> list[int]:
     """The prompt's token ids, checked against the engine's limits; ValueError names the field."""
-    prompt = convert.prompt_token_ids(request, engine.tokenizer)
+    prompt = convert.prompt_token_ids(request, engine.tokenizer, bounds)
     try:
         engine.validate(prompt, params)
     except ValueError as e:

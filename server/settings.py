@@ -42,6 +42,9 @@ class ServerConfig:
     max_request_bytes: int = 4 * 1024 * 1024  # an HTTP body, a gRPC message
     max_prompt_tokens: int | None = None  # None: max_model_len is the only bound
     max_output_tokens: int | None = None  # the largest max_tokens a request may ask for; None: no bound
+    max_chat_messages: int | None = None  # None: the prompt token bound (limits.py)
+    max_prompt_chars: int | None = None  # text or rendered chat; None: 16 x the prompt token bound
+    max_pending_long_prompts: int = 64  # long prompts waiting to be tokenized; more are refused
     max_streams_per_connection: int = 100  # gRPC (HTTP/2) streams open at once on one connection
     http_header_timeout_s: float = 10.0  # a connection's request headers must arrive within this
     http_body_timeout_s: float = 30.0  # a request's whole body must arrive within this
@@ -61,6 +64,9 @@ class ServerConfig:
         check("max_request_bytes", self.max_request_bytes >= 1024, "must be >= 1024")
         check("max_prompt_tokens", self.max_prompt_tokens is None or self.max_prompt_tokens >= 1, "must be >= 1")
         check("max_output_tokens", self.max_output_tokens is None or self.max_output_tokens >= 1, "must be >= 1")
+        check("max_chat_messages", self.max_chat_messages is None or self.max_chat_messages >= 1, "must be >= 1")
+        check("max_prompt_chars", self.max_prompt_chars is None or self.max_prompt_chars >= 1, "must be >= 1")
+        check("max_pending_long_prompts", self.max_pending_long_prompts >= 1, "must be >= 1")
         check("max_streams_per_connection", self.max_streams_per_connection >= 1, "must be >= 1")
         check("http_header_timeout_s", self.http_header_timeout_s > 0, "must be > 0")
         check("http_body_timeout_s", self.http_body_timeout_s > 0, "must be > 0")
@@ -71,7 +77,13 @@ class ServerConfig:
 
     @property
     def limits(self) -> RequestLimits:
-        return RequestLimits(self.max_prompt_tokens, self.max_output_tokens)
+        return RequestLimits(
+            self.max_prompt_tokens,
+            self.max_output_tokens,
+            self.max_chat_messages,
+            self.max_prompt_chars,
+            self.max_pending_long_prompts,
+        )
 
 
 def _optional_int(text: str) -> int | None:
@@ -144,6 +156,21 @@ SETTINGS: tuple[Setting, ...] = (
     _server("max_request_bytes", int, "largest HTTP request body and gRPC message (413 / RESOURCE_EXHAUSTED)"),
     _server("max_prompt_tokens", _optional_int, "longest prompt in tokens (none = max_model_len)"),
     _server("max_output_tokens", _optional_int, "largest max_tokens a request may ask for (none = no bound)"),
+    _server(
+        "max_chat_messages",
+        _optional_int,
+        "most messages in one chat (none = the prompt token bound: max_prompt_tokens, else max_model_len - 1)",
+    ),
+    _server(
+        "max_prompt_chars",
+        _optional_int,
+        "longest prompt text or rendered chat in characters (none = 16 x the prompt token bound)",
+    ),
+    _server(
+        "max_pending_long_prompts",
+        int,
+        "long prompts (> 4096 characters or 64 messages) waiting to be tokenized; more: RESOURCE_EXHAUSTED",
+    ),
     _server("max_streams_per_connection", int, "gRPC streams open at once on one connection; more wait"),
     _server("http_header_timeout_s", float, "HTTP: a request's headers must arrive within this, else 408"),
     _server("http_body_timeout_s", float, "HTTP: a request's body must arrive within this, else 408"),

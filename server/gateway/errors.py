@@ -23,6 +23,8 @@ _UNION_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|.*\[.*)$")  # pyda
 # upstream INVALID_ARGUMENT messages start with the field: "sampling.top_p: must be in (0, 1]"
 _FIELD = re.compile(r"^(?:sampling\.)?([a-z_]+):")
 _UPSTREAM_PARAMS = {"prompt_token_ids": "prompt", "input": None}
+# the model server's bounds on a prompt's size: over one, the prompt is too long (400, not 422)
+_PROMPT_LIMITS = ("max_model_len", "max_prompt_tokens", "max_prompt_chars", "max_chat_messages")
 
 
 class APIError(Exception):
@@ -80,7 +82,7 @@ def _invalid_argument(details: str) -> APIError:
     match = _FIELD.match(details)
     field = match.group(1) if match else None
     param = _UPSTREAM_PARAMS.get(field, field) if field else None
-    if "exceeds max_model_len" in details or "exceeds max_prompt_tokens" in details:
+    if any(f"exceeds {limit}" in details for limit in _PROMPT_LIMITS):
         return APIError(400, details, code="context_length_exceeded", param="messages" if param is None else param)
     if field == "request_id":
         return APIError(409, details, code="duplicate_request_id", param="X-Request-Id")

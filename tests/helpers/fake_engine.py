@@ -48,6 +48,7 @@ class FakeRunner:
         self.token_s = 0.0
         self.gate = threading.Event()  # cleared: a forward pass waits (a stalled engine)
         self.gate.set()
+        self.logit_offset = 0.0  # added to every logit (the peak's logit is this; > 0 like a real model's)
 
     def token_at(self, position: int) -> int:
         return self.text_ids[position] if position < len(self.text_ids) else self.eos_id
@@ -60,7 +61,7 @@ class FakeRunner:
         time.sleep(self.step_s + self.token_s * sum(len(w.token_ids) for w in work))
         ids = torch.arange(self.vocab_size, dtype=torch.float32)
         peaks = [self.token_at(w.start_pos + len(w.token_ids)) for w in work if w.needs_logits]
-        rows = [-(ids - peak).abs() * 0.5 for peak in peaks]
+        rows = [self.logit_offset - (ids - peak).abs() * 0.5 for peak in peaks]
         return torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
 
 

@@ -72,10 +72,14 @@ def engine_config(model_dir: Path, **overrides: Any) -> EngineConfig:
 
 
 @contextlib.contextmanager
-def running_fake_server(**engine_settings: Any) -> Iterator[ServerThread]:
-    """A server over the fake engine (tests/helpers/fake_engine.py): no weights, starts in milliseconds."""
+def running_fake_server(
+    server_settings: dict[str, Any] | None = None, **engine_settings: Any
+) -> Iterator[ServerThread]:
+    """A server over the fake engine (tests/helpers/fake_engine.py): no weights, starts in milliseconds.
+    `server_settings` are ServerConfig fields (limits, ...)."""
     core, _ = fake_core(**engine_settings)
-    config = ServerConfig(engine=core.config, grpc_port=0, metrics_port=None, http_port=None)
+    ports: dict[str, Any] = {"grpc_port": 0, "metrics_port": None, "http_port": None}
+    config = ServerConfig(engine=core.config, **(ports | (server_settings or {})))
     server = ServerThread(config, AsyncEngine(core))
     try:
         yield server

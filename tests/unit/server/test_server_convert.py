@@ -12,12 +12,14 @@ from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogp
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.tokenizer import Tokenizer
 from infer.server import convert
+from infer.server.limits import RequestLimits
 
 
 class FakeTokenizer:
-    """One token per character."""
+    """One token per character; counts the chats it renders."""
 
     chat_template = "fake"
+    num_rendered = 0
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return ([1] if add_special_tokens else []) + [ord(c) for c in text]
@@ -28,10 +30,12 @@ class FakeTokenizer:
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         if not messages:
             raise ValueError("cannot apply a chat template to an empty conversation")
+        FakeTokenizer.num_rendered += 1
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<a>" if add_generation_prompt else "")
 
 
 TOKENIZER = cast(Tokenizer, FakeTokenizer())
+BOUNDS = RequestLimits().bounds(max_model_len=2048)
 
 
 def test_unset_sampling_fields_keep_the_engine_defaults() -> None:
@@ -55,14 +59,16 @@ def test_sampling_errors_name_the_proto_field() -> None:
 
 
 def test_prompt_from_text_ids_or_messages() -> None:
-    assert convert.prompt_token_ids(pb.GenerateRequest(prompt="hi"), TOKENIZER) == [1, 104, 105]
-    assert convert.prompt_token_ids(pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 6])), TOKENIZER) == [5, 6]
+    assert convert.prompt_token_ids(pb.GenerateRequest(prompt="hi"), TOKENIZER, BOUNDS) == [1, 104, 105]
+    assert convert.prompt_token_ids(pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 6])), TOKENIZER, BOUNDS) == [5, 6]
     chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="x")])
-    assert convert.prompt_token_ids(pb.GenerateRequest(messages=chat), TOKENIZER) == [ord(c) for c in "<user>x<a>"]
+    assert convert.prompt_token_ids(pb.GenerateRequest(messages=chat), TOKENIZER, BOUNDS) == [
+        ord(c) for c in "<user>x<a>"
+    ]
     with pytest.raises(ValueError, match=r"^input: "):
-        convert.prompt_token_ids(pb.GenerateRequest(), TOKENIZER)
+        convert.prompt_token_ids(pb.GenerateRequest(), TOKENIZER, BOUNDS)
     with pytest.raises(ValueError, match=r"^messages: "):
-        convert.prompt_token_ids(pb.GenerateRequest(messages=pb.ChatMessages()), TOKENIZER)
+        convert.prompt_token_ids(pb.GenerateRequest(messages=pb.ChatMessages()), TOKENIZER, BOUNDS)
 
 
 def test_deltas_carry_tokens_and_only_the_last_carries_usage() -> None:
@@ -79,9 +85,54 @@ def test_deltas_carry_tokens_and_only_the_last_carries_usage() -> None:
 
 
 def test_tokenize_text_and_chat() -> None:
-    assert list(convert.tokenize(pb.TokenizeRequest(text="a"), TOKENIZER).token_ids) == [1, 97]
+    assert list(convert.tokenize(pb.TokenizeRequest(text="a"), TOKENIZER, BOUNDS).token_ids) == [1, 97]
     no_special = pb.TokenizeRequest(text="a", add_special_tokens=False)
-    assert list(convert.tokenize(no_special, TOKENIZER).token_ids) == [97]
+    assert list(convert.tokenize(no_special, TOKENIZER, BOUNDS).token_ids) == [97]
     chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="x")])
-    response = convert.tokenize(pb.TokenizeRequest(messages=chat, add_generation_prompt=False), TOKENIZER)
+    response = convert.tokenize(pb.TokenizeRequest(messages=chat, add_generation_prompt=False), TOKENIZER, BOUNDS)
     assert response.text == "<user>x" and list(response.token_ids) == [ord(c) for c in "<user>x"]
+
+
+def _chat(*contents: str) -> pb.ChatMessages:
+    return pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=c) for c in contents])
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (pb.GenerateRequest(messages=_chat(*[""] * 11)), r"^messages: 11 messages exceeds max_chat_messages \(10; "),
+        (pb.TokenizeRequest(messages=_chat(*[""] * 11)), r"^messages: 11 messages exceeds max_chat_messages \(10; "),
+        (
+            pb.GenerateRequest(messages=_chat("x" * 60, "y" * 41)),
+            r"^messages: the roles and contents are 109 characters exceeds max_prompt_chars \(100; ",
+        ),
+        (pb.GenerateRequest(prompt="x" * 101), r"^prompt: 101 characters exceeds max_prompt_chars \(100; "),
+        (pb.TokenizeRequest(text="x" * 101), r"^text: 101 characters exceeds max_prompt_chars \(100; "),
+        (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5] * 49)), r"^prompt: 49 tokens exceeds max_prompt_tokens"),
+    ],
+    ids=["messages", "tokenize-messages", "chat-chars", "prompt-chars", "text-chars", "token-ids"],
+)
+def test_oversized_input_is_refused_before_any_template_work(
+    request_: pb.GenerateRequest | pb.TokenizeRequest, message: str
+) -> None:
+    bounds = RequestLimits(max_prompt_tokens=48, max_chat_messages=10, max_prompt_chars=100).bounds(2048)
+    rendered = FakeTokenizer.num_rendered
+    with pytest.raises(ValueError, match=message):
+        convert.checked_input_size(request_, bounds)
+    assert FakeTokenizer.num_rendered == rendered
+
+
+def test_the_rendered_chat_is_bounded_before_it_is_tokenized() -> None:
+    bounds = RequestLimits(max_prompt_chars=20).bounds(2048)
+    chat = pb.GenerateRequest(messages=_chat("a" * 5, "b" * 5))  # 18 characters as sent, 25 rendered
+    assert convert.checked_input_size(chat, bounds) == convert.InputSize(num_chars=18, num_messages=2)
+    with pytest.raises(ValueError, match=r"^messages: the rendered chat is 25 characters exceeds max_prompt_chars"):
+        convert.prompt_token_ids(chat, TOKENIZER, bounds)
+
+
+def test_unset_size_limits_follow_the_prompt_token_bound() -> None:
+    assert (BOUNDS.max_prompt_tokens, BOUNDS.max_chat_messages, BOUNDS.max_prompt_chars) == (2047, 2047, 16 * 2047)
+    tighter = RequestLimits(max_prompt_tokens=100).bounds(2048)
+    assert (tighter.max_chat_messages, tighter.max_prompt_chars) == (100, 1600)
+    with pytest.raises(ValueError, match=r"^prompt: 2048 tokens exceeds max_model_len \(2048\) less one token"):
+        BOUNDS.check_tokens(2048)

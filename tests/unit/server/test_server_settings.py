@@ -60,6 +60,16 @@ def test_an_invalid_setting_names_the_field() -> None:
         parse(["--shutdown-grace-s", "-1"])
 
 
+def test_prompt_size_limits_reach_the_servicer_and_are_checked() -> None:
+    env = {"INFER_MAX_CHAT_MESSAGES": "50", "INFER_MAX_PROMPT_CHARS": "none"}
+    config = parse(["--max-pending-long-prompts", "8"], env)
+    assert (config.limits.max_chat_messages, config.limits.max_prompt_chars) == (50, None)
+    assert config.limits.max_pending_long_prompts == 8
+    for flag in ("--max-chat-messages", "--max-prompt-chars", "--max-pending-long-prompts"):
+        with pytest.raises(ValueError, match=flag.removeprefix("--").replace("-", "_")):
+            parse([flag, "0"])
+
+
 def test_docs_table_is_current() -> None:
     assert settings_markdown() in DOCS.read_text(), "docs/configuration.md: paste settings_markdown()"
     readme = DOCS.parents[1] / "README.md"
