@@ -212,6 +212,16 @@ def _markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+KEPT_MARKER = "<!-- written by hand: make soak keeps what follows -->"
+
+
+def _kept(report: Path) -> str:
+    """The hand-written part of an existing report (from KEPT_MARKER on), which a new run keeps."""
+    text = report.read_text() if report.is_file() else ""
+    at = text.find(KEPT_MARKER)
+    return "\n" + text[at:] if at >= 0 else ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=24, help="concurrent clients")
@@ -223,7 +233,9 @@ def main() -> int:
     result = run(args)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "reliability.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out_dir / "reliability.md").write_text(_markdown(result))
+    report = args.out_dir / "reliability.md"
+    kept = _kept(report)
+    report.write_text(_markdown(result) + kept)
     print(_markdown(result))
     ok = not result["unexpected"] and result["kv_blocks_used_after"] == 0 and result["server_exit_code"] == 0
     return 0 if ok else 1
