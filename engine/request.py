@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from infer.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from infer.engine.structured_state import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -34,6 +38,7 @@ class Request:
     num_preemptions: int = 0
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
+    grammar: GrammarState | None = None  # set when params.constraint is: compiling, then its matcher
 
     @property
     def num_prompt_tokens(self) -> int:
