@@ -28,6 +28,8 @@ from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
 from infer.engine.stats import EngineStats, StepCounters, StepRecord
 from infer.engine.stopping import banned_token_ids, finish_reason, is_stop_token
+from infer.engine.structured import GrammarCompiler
+from infer.engine.structured_state import StructuredOutputs
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.validation import check
 
@@ -91,6 +93,8 @@ class EngineCore:
         self.counters = StepCounters(config.max_num_batched_tokens)
         self.inbox = Inbox(config.max_waiting_requests)
         self.wakeup = threading.Event()
+        compiler = GrammarCompiler(tokenizer, model_info.vocab_size, model_info.eos_token_ids)
+        self.structured = StructuredOutputs(compiler, config.max_num_seqs, self.wakeup.set)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
@@ -129,7 +133,10 @@ class EngineCore:
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, sink: Sink) -> None:
         """Validate and enqueue; ValueError for bad input, QueueFullError when the queue is full."""
         self.validate(prompt_token_ids, params)
-        self.inbox.add(Request(request_id, list(prompt_token_ids), params, time.monotonic()), sink)
+        request = Request(request_id, list(prompt_token_ids), params, time.monotonic())
+        if params.constraint is not None:
+            request.grammar = self.structured.grammar(params.constraint)  # compiles off this thread from now
+        self.inbox.add(request, sink)
         self.wakeup.set()
 
     def abort(self, request_id: str) -> None:
@@ -145,7 +152,7 @@ class EngineCore:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or self.inbox.has_items
+        return self.scheduler.has_work or self.inbox.has_items or bool(self.structured.held)
 
     @property
     def num_queued(self) -> int:
@@ -173,16 +180,31 @@ class EngineCore:
             generator.manual_seed(p.seed)
         detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, p.skip_special_tokens, p.stop)
         self.live[request.request_id] = _Live(request, sink, detok, generator)
-        self.scheduler.add(request)
+        if request.grammar is not None:
+            self.structured.hold(request)  # scheduled once its grammar has compiled: it holds up no one
+        else:
+            self.scheduler.add(request)
+
+    def _take_compiled(self) -> bool:
+        """Requests whose grammar is done join the scheduler, or fail; True if there were any."""
+        ready, failed = self.structured.take_compiled()
+        for request in ready:
+            self.scheduler.add(request)
+        for request, error in failed:
+            self.fail(request.request_id, error)
+        return bool(ready or failed)
 
     # the step
     def step(self) -> bool:
         """One engine step; False when there was nothing to run."""
         self._take_inbox()
+        has_compiled = self._take_compiled()
         out = self.scheduler.schedule(time.monotonic())
         self._count_waiting()
         if out.is_empty:
-            return False
+            if not has_compiled:
+                self.structured.wait(0.01)  # a grammar compiling: not a busy loop (the offline API steps in one)
+            return has_compiled
         started_s = time.monotonic()
         step = self._step_work(out)
         logits = self._forward(step.work)
@@ -198,14 +220,16 @@ class EngineCore:
         return True
 
     def _count_waiting(self) -> None:
-        self.inbox.count_waiting(sum(1 for r in self.scheduler.waiting if r.first_scheduled_s is None))
+        never_scheduled = sum(1 for r in self.scheduler.waiting if r.first_scheduled_s is None)
+        self.inbox.count_waiting(never_scheduled + len(self.structured.held))
 
     def stats(self) -> EngineStats:
         """A snapshot for metrics; safe to read from another thread (values may be one step old)."""
         sched, c = self.scheduler, self.counters
-        queued = sum(r.num_tokens - r.num_computed_tokens for r in (*sched.waiting, *sched.running))
+        held = list(self.structured.held.values())
+        queued = sum(r.num_tokens - r.num_computed_tokens for r in (*sched.waiting, *sched.running, *held))
         return EngineStats(
-            num_waiting=len(sched.waiting) + self.inbox.num_unseen,
+            num_waiting=len(sched.waiting) + len(held) + self.inbox.num_unseen,
             num_running=len(sched.running),
             num_blocks_used=self.block_manager.num_used_blocks,
             num_blocks_free=self.block_manager.num_free_blocks,
@@ -258,14 +282,16 @@ class EngineCore:
             return {}
         rows = [self._sampling_row(self.live[rid]) for rid in rids]
         try:
-            out: SamplerOutput = self.sampler(logits, rows)
+            mask = self.structured.bitmask([self.live[rid].request for rid in rids])
+            out: SamplerOutput = self.sampler(logits, rows, mask)
             return {rid: (out.token_ids[i], out.logprobs[i]) for i, rid in enumerate(rids)}
         except Exception:
             logger.exception("sampling failed; retrying its requests one by one")
         result: dict[str, tuple[int, TokenLogprob | None]] = {}
         for i, rid in enumerate(rids):
             try:
-                one = self.sampler(logits[i : i + 1], rows[i : i + 1])
+                one_mask = self.structured.bitmask([self.live[rid].request])
+                one = self.sampler(logits[i : i + 1], rows[i : i + 1], one_mask)
                 result[rid] = (one.token_ids[0], one.logprobs[0])
             except Exception as e:
                 self.fail(rid, e)
@@ -286,11 +312,15 @@ class EngineCore:
         r = live.request
         if r.first_token_s is None:
             r.first_token_s = time.monotonic()
+        if r.grammar is not None and not r.grammar.accept(token_id):
+            raise RuntimeError(f"token {token_id} is outside the request's {r.grammar.constraint.kind} constraint")
         logprobs = [logprob] if logprob is not None else None
         # a stop token adds no text
         text = "" if is_stop_token(token_id, r.params, self.eos_token_ids) else live.detokenizer.push([token_id])
         hit_stop_string = live.detokenizer.stopped_on is not None
         reason = finish_reason(r, token_id, hit_stop_string, self.eos_token_ids, self.config.max_model_len)
+        if reason is None and r.grammar is not None and r.grammar.is_terminated:
+            reason = FinishReason.STOP  # the constraint is complete
         if reason is None:
             live.sink(RequestOutput(r.request_id, [token_id], text, logprobs))
         else:
@@ -306,7 +336,10 @@ class EngineCore:
         error: str | None = None,
     ) -> None:
         r = live.request
-        self.scheduler.finish(r.request_id)
+        if r.request_id in self.scheduler.requests:
+            self.scheduler.finish(r.request_id)
+        else:
+            self.structured.drop(r.request_id)  # it was waiting for its grammar
         del self.live[r.request_id]
         self.inbox.done(r.request_id)
         if reason in (FinishReason.LENGTH, FinishReason.STOP) and live.detokenizer.stopped_on is None:

@@ -73,6 +73,11 @@ class Constraint:
             check(kind, self.text != "", "must not be empty")
 
     @classmethod
+    def of(cls, kind: str, text: str = "") -> Constraint:
+        """A constraint of the kind a string names (`"regex"`); ValueError names an unknown kind."""
+        return cls(kind, text)  # type: ignore[arg-type]  # __post_init__ checks the kind and converts it
+
+    @classmethod
     def json_schema(cls, schema: str | Mapping[str, Any]) -> Constraint:
         return cls(ConstraintKind.JSON_SCHEMA, schema if isinstance(schema, str) else json.dumps(schema))
 
@@ -149,7 +154,8 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequen
     first = tokenizer.convert_ids_to_tokens(tokenizer.encode("a", add_special_tokens=False)[:1])
     prefix = "▁" if kind is xgr.VocabType.BYTE_FALLBACK else "Ġ"
     add_prefix_space = bool(first and first[0] and first[0].startswith(prefix))
-    return xgr.TokenizerInfo(vocab, kind, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids),
+    stops = list(stop_token_ids) or None  # none known: xgrammar finds them
+    return xgr.TokenizerInfo(vocab, kind, vocab_size=vocab_size, stop_token_ids=stops,
                              add_prefix_space=add_prefix_space)  # fmt: skip
 
 

@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from infer.engine.structured_tools import Tool, ToolChoice, ToolChoiceMode, ToolFormat
-
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -205,14 +203,3 @@ class ListParser(_Calls):
     def finish(self) -> Parsed:
         parsed = parse_calls(self._buffer)
         return Parsed("", self.deltas(parsed)) if parsed else Parsed(self.content(self._buffer, is_last=True))
-
-
-def tool_call_parser(fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice) -> ToolCallParser | None:
-    """The parser for this output, or None when it is plain text (no tools, or tool_choice none)."""
-    if not tools or choice.mode is ToolChoiceMode.NONE:
-        return None
-    if choice.mode is ToolChoiceMode.FUNCTION:
-        return NamedParser(choice.function)
-    if choice.mode is ToolChoiceMode.REQUIRED:
-        return ListParser()
-    return WholeOutputParser() if fmt is ToolFormat.LLAMA3 else TaggedParser()

@@ -20,10 +20,21 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infer.engine.structured import Constraint
+from infer.engine.structured_tool_parsers import (
+    TOOL_CALL_OPEN,
+    ListParser,
+    NamedParser,
+    TaggedParser,
+    ToolCallParser,
+    WholeOutputParser,
+)
 from infer.engine.validation import check
+
+if TYPE_CHECKING:
+    from infer.engine.tokenizer import Tokenizer
 
 MAX_TOOLS = 128
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -96,6 +107,55 @@ def tool_format(chat_template: str | None) -> ToolFormat:
     if "tools" in template and "<|python_tag|>" in template:
         return ToolFormat.LLAMA3
     return ToolFormat.JSON_LIST
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """One request's tools, as its model calls them: the prompt, the constraint and the parser."""
+
+    tools: tuple[Tool, ...]
+    choice: ToolChoice
+    format: ToolFormat
+    parallel: bool = True  # more than one call in an output
+    is_tag_special: bool = False  # the vocabulary has `<tool_call>` as a special token
+
+    @classmethod
+    def for_model(
+        cls, tools: Sequence[Tool], choice: ToolChoice, tokenizer: Tokenizer, parallel: bool = True
+    ) -> ToolUse:
+        """ValueError naming the field when the tools or the choice are not usable."""
+        check_tools(tools, choice)
+        tag_id = tokenizer.token_to_id(TOOL_CALL_OPEN)
+        is_special = tag_id is not None and tokenizer.decode([tag_id], skip_special_tokens=True) == ""
+        return cls(tuple(tools), choice, tool_format(tokenizer.chat_template), parallel, is_special)
+
+    def render(self, messages: Sequence[Message]) -> tuple[list[Message], dict[str, Any]]:
+        """The messages and template variables to render (`chat_for_template`)."""
+        return chat_for_template(messages, self.tools, self.format)
+
+    @property
+    def constraint(self) -> Constraint | None:
+        return tool_constraint(self.tools, self.choice, self.parallel)
+
+    def parser(self) -> ToolCallParser | None:
+        """A new parser for one output; None when the output is plain text (no tools, or tool_choice none)."""
+        return tool_call_parser(self.format, self.tools, self.choice)
+
+    @property
+    def needs_special_tokens(self) -> bool:
+        """Whether the output's text must keep special tokens: the parser reads `<tool_call>`, and this
+        vocabulary makes it one (skip_special_tokens would drop it)."""
+        return self.is_tag_special and isinstance(self.parser(), TaggedParser)
+
+
+def tool_call_parser(fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice) -> ToolCallParser | None:
+    if not tools or choice.mode is ToolChoiceMode.NONE:
+        return None
+    if choice.mode is ToolChoiceMode.FUNCTION:
+        return NamedParser(choice.function)
+    if choice.mode is ToolChoiceMode.REQUIRED:
+        return ListParser()
+    return WholeOutputParser() if fmt is ToolFormat.LLAMA3 else TaggedParser()
 
 
 # --- the constraint of tool_choice required / a named function

@@ -14,9 +14,8 @@ from infer.engine.structured_tool_parsers import (
     ToolCallDelta,
     ToolCallParser,
     WholeOutputParser,
-    tool_call_parser,
 )
-from infer.engine.structured_tools import Tool, ToolChoice, ToolChoiceMode, ToolFormat
+from infer.engine.structured_tools import Tool, ToolChoice, ToolChoiceMode, ToolFormat, tool_call_parser
 
 
 def run(parser: ToolCallParser, pieces: list[str]) -> tuple[str, list[ToolCallDelta]]:

@@ -151,3 +151,22 @@ def test_a_named_function_constrains_the_output_to_its_arguments(compiler: Gramm
     assert not accepts(compiler, WEATHER.schema, '{"days": 1}')
     assert tool_constraint([WEATHER], ToolChoice()) is None
     assert tool_constraint([WEATHER], ToolChoice(ToolChoiceMode.NONE)) is None
+
+
+def test_tool_use_reads_the_model() -> None:
+    from infer.engine.structured_tools import ToolUse
+    from tests.helpers.fake_engine import SPECIALS, train_byte_bpe
+
+    backend = train_byte_bpe(330, [*SPECIALS, "<tool_call>", "</tool_call>"])
+    tags = ["<tool_call>", "</tool_call>"]
+    special = Tokenizer(backend, special_tokens={"eos_token": "<|im_end|>"}, extra_special_tokens=tags,
+                        chat_template=HERMES_TEMPLATE)  # fmt: skip
+    use = ToolUse.for_model([WEATHER], ToolChoice(), special)
+    assert use.format is ToolFormat.HERMES and use.is_tag_special
+    assert use.needs_special_tokens  # else skip_special_tokens would drop the tags the parser looks for
+    assert not ToolUse.for_model([WEATHER], ToolChoice(ToolChoiceMode.REQUIRED), special).needs_special_tokens
+    plain = ToolUse.for_model([WEATHER], ToolChoice(), tiny_tokenizer())
+    assert plain.format is ToolFormat.JSON_LIST and not plain.needs_special_tokens
+    assert plain.parser() is not plain.parser()  # one per output
+    with pytest.raises(ValueError, match=r"^tools: names must be unique"):
+        ToolUse.for_model([WEATHER, WEATHER], ToolChoice(), special)
