@@ -10,16 +10,44 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict
 
+import grpc
+
 from infer.clients.channel import ClientTls, read_keys
 from infer.clients.client import DEFAULT_ADDRESS, InferClient
 from infer.clients.types import InferError, Prompt, Sampling
 
 
+def _tls(args: argparse.Namespace) -> ClientTls | None:
+    """The TLS flags (`add_tls_flags`) as a ClientTls; None: plaintext."""
+    if not (args.tls or args.tls_ca or args.tls_cert or args.tls_server_name):
+        return None
+    return ClientTls(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+
+
+def add_tls_flags(parser: argparse.ArgumentParser) -> None:
+    """--tls, --tls-ca, --tls-cert, --tls-key, --tls-server-name (`infer client` and `infer health`)."""
+    env = os.environ.get
+    parser.add_argument("--tls", action="store_true", help="TLS, trusting the system's root certificates")
+    parser.add_argument("--tls-ca", default=env("INFER_TLS_CA"), help="TLS, trusting this CA (PEM) [env INFER_TLS_CA]")
+    parser.add_argument(
+        "--tls-cert",
+        default=env("INFER_TLS_CLIENT_CERT"),
+        help="mTLS: client certificate (PEM) [env INFER_TLS_CLIENT_CERT]",
+    )
+    parser.add_argument(
+        "--tls-key",
+        default=env("INFER_TLS_CLIENT_KEY"),
+        help="mTLS: client private key (PEM) [env INFER_TLS_CLIENT_KEY]",
+    )
+    parser.add_argument(
+        "--tls-server-name",
+        default=env("INFER_TLS_SERVER_NAME"),
+        help="the name the server's certificate carries, when not the --address host [env INFER_TLS_SERVER_NAME]",
+    )
+
+
 def _client(args: argparse.Namespace) -> InferClient:
-    tls = None
-    if args.tls or args.tls_ca or args.tls_cert:
-        tls = ClientTls(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key)
-    return InferClient(args.address, timeout_s=args.timeout_s, tls=tls, api_key=_api_key(args))
+    return InferClient(args.address, timeout_s=args.timeout_s, tls=_tls(args), api_key=_api_key(args))
 
 
 def _api_key(args: argparse.Namespace) -> str | None:
@@ -82,10 +110,7 @@ def add_client_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     client.add_argument(
         "--api-key-file", default=None, help="send the first key of this file (one a line, as infer serve reads)"
     )
-    client.add_argument("--tls", action="store_true", help="TLS, trusting the system's root certificates")
-    client.add_argument("--tls-ca", default=env("INFER_TLS_CA"), help="TLS, trusting this CA (PEM) [env INFER_TLS_CA]")
-    client.add_argument("--tls-cert", default=env("INFER_TLS_CLIENT_CERT"), help="mTLS: client certificate (PEM)")
-    client.add_argument("--tls-key", default=env("INFER_TLS_CLIENT_KEY"), help="mTLS: client private key (PEM)")
+    add_tls_flags(client)
     client.set_defaults(func=run)
     commands = client.add_subparsers(dest="client_command", required=True)
     gen = commands.add_parser("generate", help="stream a completion to the terminal")
@@ -106,22 +131,38 @@ def add_client_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def health_address(environ: Mapping[str, str]) -> str:
-    """INFER_ADDRESS, else this host at INFER_GRPC_PORT (what `infer serve` listens on), else the default."""
+    """INFER_ADDRESS, else this host at INFER_HEALTH_PORT (the plaintext health port), else at INFER_GRPC_PORT
+    (what `infer serve` listens on), else the default."""
     if address := environ.get("INFER_ADDRESS"):
         return address
-    if port := environ.get("INFER_GRPC_PORT"):
-        return f"127.0.0.1:{port}"
+    for name in ("INFER_HEALTH_PORT", "INFER_GRPC_PORT"):
+        if (port := environ.get(name, "")) and port.lower() not in ("off", "none"):
+            return f"127.0.0.1:{port}"
     return DEFAULT_ADDRESS
 
 
+def _tls_hint(error: InferError, tls: ClientTls | None) -> str:
+    if error.code is not grpc.StatusCode.UNAVAILABLE:
+        return ""
+    if tls is None:
+        return " (a TLS server? pass --tls-ca, or --tls for the system's roots)"
+    return " (an mTLS server? pass --tls-cert and --tls-key)" if tls.cert_file is None else ""
+
+
 def _check_health(args: argparse.Namespace) -> int:
+    try:
+        tls = _tls(args)
+        client = InferClient(args.address, timeout_s=args.timeout_s, tls=tls)
+    except (OSError, ValueError) as e:  # an unreadable TLS file, half a key pair
+        print(f"error: {e}", file=sys.stderr)
+        return 1  # NOTE: not 2, which Docker's HEALTHCHECK reserves
     deadline = time.monotonic() + args.wait_s
-    with InferClient(args.address, timeout_s=args.timeout_s) as client:
+    with client:
         while True:
             try:
                 status = client.health(args.service)
             except InferError as e:
-                status = f"{e.code.name}: {e.details}"
+                status = f"{e.code.name}: {e.details}{_tls_hint(e, tls)}"
             if status == "SERVING" or time.monotonic() >= deadline:
                 break
             time.sleep(0.5)
@@ -140,9 +181,11 @@ def add_health_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument(
         "--address",
         default=default,
-        help=f"server host:port [env INFER_ADDRESS, else 127.0.0.1:$INFER_GRPC_PORT; default: {default}]",
+        help="server host:port [env INFER_ADDRESS, else 127.0.0.1:$INFER_HEALTH_PORT or 127.0.0.1:$INFER_GRPC_PORT; "
+        f"default: {default}]",
     )
     p.add_argument("--service", default="", help="the service to check ('' = the whole server)")
     p.add_argument("--timeout-s", type=float, default=3.0, help="deadline of each Check call")
     p.add_argument("--wait-s", type=float, default=0.0, help="keep checking until SERVING or this many seconds")
+    add_tls_flags(p)
     p.set_defaults(func=_check_health)

@@ -8,6 +8,7 @@ import os
 import tempfile
 
 import grpc
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -16,6 +17,7 @@ from infer.clients.types import SERVICE_NAME
 from infer.engine import AsyncEngine, EngineClient, EngineStats
 from infer.server.gateway.app import GatewayConfig, GatewayServer, local_upstream
 from infer.server.gateway.guard import HttpLimits
+from infer.server.health_port import HealthPort
 from infer.server.lifecycle import Lifecycle
 from infer.server.security import ApiKeyInterceptor, ApiKeys, server_credentials
 from infer.server.servicer import InferenceServicer, add_to_server
@@ -60,6 +62,7 @@ class InferenceServer:
         self.local_address: str | None = None  # the gateway's hop when TLS is on: unix:PATH
         self.api_keys: ApiKeys | None = None  # read at start, shared with the in-process gateway
         self.metrics_port: int | None = None
+        self.health_port: HealthPort | None = None  # plaintext health only, for probes (config.health_port)
 
     @property
     def engine(self) -> EngineClient | None:
@@ -88,11 +91,20 @@ class InferenceServer:
             "mTLS" if cfg.tls_client_ca else "TLS" if cfg.tls_cert else "plaintext",
             f"{len(keys)} API key(s)" if keys else "no API key",
         )  # fmt: skip
+        if cfg.health_port is not None:
+            self.health_port = HealthPort(self.lifecycle.health, cfg.host, cfg.health_port)
+            try:
+                await self.health_port.start()
+            except OSError:
+                await server.stop(None)
+                raise
         if cfg.metrics_port is not None:
             try:
                 self.metrics_port = self.telemetry.serve_metrics(cfg.host, cfg.metrics_port)
             except OSError as e:
                 await server.stop(None)
+                if self.health_port is not None:
+                    await self.health_port.stop()
                 raise OSError(f"cannot serve metrics on {cfg.host}:{cfg.metrics_port}: {e}") from None
             logger.info("Prometheus metrics on http://%s:%d/metrics", cfg.host, self.metrics_port)
 
@@ -135,6 +147,8 @@ class InferenceServer:
             info.model_id, info.model_dir, cfg.device, cfg.dtype, stats.num_blocks_used + stats.num_blocks_free,
             cfg.block_size, cfg.max_model_len, cfg.max_num_seqs,
         )  # fmt: skip
+        omp = os.environ.get("OMP_NUM_THREADS")
+        logger.info("%d CPU threads (%s)", torch.get_num_threads(), f"OMP_NUM_THREADS={omp}" if omp else "one per core")
         await self.lifecycle.serve(engine)
         self._watchdog = asyncio.create_task(self.lifecycle.watch_engine(self.config.engine_stall_timeout_s))
         logger.info("SERVING on %s:%d", self.config.host, self.port)
@@ -147,6 +161,8 @@ class InferenceServer:
         await self.lifecycle.drain(grace_s)
         if self._server is not None:
             await self._server.stop(grace=0.5)  # cancels what is left: their engine requests are aborted
+        if self.health_port is not None:
+            await self.health_port.stop()  # NOTE: after the main port: probes see NOT_SERVING for the whole drain
         self.lifecycle.stopped()
         if self._local_dir is not None:
             self._local_dir.cleanup()
@@ -197,4 +213,5 @@ async def start_gateway(server: InferenceServer) -> GatewayServer | None:
         )
     )
     await gateway.start()
+    server.telemetry.registry.register(gateway.metrics.registry)  # on the metrics port, off the public HTTP one
     return gateway

@@ -27,6 +27,7 @@ class ServerConfig:
     grpc_port: int = 50051  # 0 = any free port
     metrics_port: int | None = 9464  # None = no metrics endpoint; 0 = any free port
     http_port: int | None = 8000  # the OpenAI gateway; None = gRPC only; 0 = any free port
+    health_port: int | None = None  # plaintext grpc.health.v1 only (probes while gRPC speaks TLS); None = off
     shutdown_grace_s: float = 30.0  # SIGTERM: how long in-flight streams may take to finish
     traces: str = "none"  # span exporter: none, console or otlp
     warmup: bool = True  # one tiny request before reporting SERVING
@@ -49,6 +50,10 @@ class ServerConfig:
         check("grpc_port", 0 <= self.grpc_port < 65536, "must be in [0, 65535]")
         check("metrics_port", self.metrics_port is None or 0 <= self.metrics_port < 65536, "must be in [0, 65535]")
         check("http_port", self.http_port is None or 0 <= self.http_port < 65536, "must be in [0, 65535]")
+        check("health_port", self.health_port is None or 0 <= self.health_port < 65536, "must be in [0, 65535]")
+        check(
+            "health_port", self.health_port in (None, 0) or self.health_port != self.grpc_port, "must not be grpc_port"
+        )
         check("shutdown_grace_s", self.shutdown_grace_s >= 0, "must be >= 0")
         check("engine_stall_timeout_s", self.engine_stall_timeout_s > 0, "must be > 0")
         check("traces", self.traces in TRACE_EXPORTERS, f"must be one of {', '.join(TRACE_EXPORTERS)}")
@@ -122,6 +127,7 @@ SETTINGS: tuple[Setting, ...] = (
     _server("grpc_port", int, "gRPC port (0 = any free port)"),
     _server("http_port", _port_or_off, "OpenAI-compatible HTTP gateway port (0 = any free port, off = gRPC only)"),
     _server("metrics_port", _port_or_off, "Prometheus /metrics port (0 = any free port, off = none)"),
+    _server("health_port", _port_or_off, "a plaintext port serving grpc.health.v1 only, for probes of a TLS server"),
     _server("shutdown_grace_s", float, "on SIGTERM, how long in-flight streams may take to finish"),
     _server("engine_stall_timeout_s", float, "health turns NOT_SERVING while one engine step runs longer (stalled)"),
     _server(

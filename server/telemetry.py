@@ -27,6 +27,13 @@ logger = logging.getLogger(__name__)
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 StatsSource = Callable[[], EngineStats | None]
+# the model-server protocol's gauges (Gateway API Inference Extension) by their Prometheus names here;
+# the Helm chart's HPA and its README's endpoint-picker flags use the same names
+PROTOCOL_GAUGES = {
+    "TotalQueuedRequests": "infer_requests_waiting",
+    "TotalRunningRequests": "infer_requests_running",
+    "KVCacheUtilization": "infer_kv_cache_usage_ratio",
+}
 
 
 class RequestTrace:
@@ -118,6 +125,10 @@ class Telemetry:
         }
         for name, (unit, description, attr) in gauges.items():
             meter.create_observable_gauge(name, [self._observe(attr)], unit, description)
+        # NOTE: the protocol's KVCacheUtilization, 0 to 1 (free blocks that still cache a prefix count as free)
+        meter.create_observable_gauge(
+            "infer.kv_cache.usage_ratio", [self._observe_kv_usage], "1", "fraction of the KV-cache blocks in use"
+        )
         counters = {
             "infer.prompt_tokens": ("{token}", "prompt tokens computed", "num_prompt_tokens_total"),
             "infer.generation_tokens": ("{token}", "tokens generated", "num_generation_tokens_total"),
@@ -133,6 +144,12 @@ class Telemetry:
             return [] if stats is None else [Observation(getattr(stats, attr))]
 
         return callback
+
+    def _observe_kv_usage(self, options: CallbackOptions) -> Iterable[Observation]:
+        stats = self._stats()
+        if stats is None or stats.num_blocks_used + stats.num_blocks_free == 0:
+            return []
+        return [Observation(stats.num_blocks_used / (stats.num_blocks_used + stats.num_blocks_free))]
 
     def start_request(self, method: str, request_id: str, metadata: Mapping[str, str] | None = None) -> RequestTrace:
         """A span for one RPC, a child of the caller's W3C `traceparent` when it sent one."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+from prometheus_client import start_http_server
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -59,7 +60,6 @@ def app_for(config: GatewayConfig) -> ASGIApp:
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/v1/models/{model:path}", routes.model, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
-            Route("/metrics", metrics.endpoint, methods=["GET"]),
         ],
         middleware=[
             Middleware(MetricsMiddleware, metrics=metrics),
@@ -84,6 +84,7 @@ class GatewayConfig:
     model_id: str | None = None
     timeout_s: float | None = DEFAULT_TIMEOUT_S
     shutdown_grace_s: float = 30.0  # on stop: how long open responses may take to finish
+    metrics_port: int | None = None  # Prometheus /metrics on its own port (0 = any free one); None: none
     access_log: bool = False
     tls: TlsFiles | None = None  # HTTPS; with a client CA, clients must show a certificate
     upstream_tls: ClientTls | None = None  # reach the gRPC server over TLS
@@ -94,6 +95,10 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.http_port < 65536:
             raise ValueError("http_port: must be in [0, 65535]")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ValueError("metrics_port: must be in [0, 65535]")
+        if self.metrics_port and self.metrics_port == self.http_port:
+            raise ValueError("metrics_port: must differ from http_port (/metrics stays off the public port)")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError("timeout_s: must be > 0")
         if self.shutdown_grace_s < 0:
@@ -170,7 +175,10 @@ class GatewayServer:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.app = app_for(config)
+        self.metrics: GatewayMetrics = self.app.state.metrics  # type: ignore[attr-defined]
         self.port = 0
+        self.metrics_port: int | None = None
+        self._metrics_http: Any = None
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -193,6 +201,20 @@ class GatewayServer:
             await asyncio.sleep(0.01)
         scheme = "https" if cfg.tls else "http"
         logger.info("OpenAI gateway on %s://%s:%d/v1 -> gRPC %s", scheme, cfg.host, self.port, cfg.upstream)
+        if cfg.metrics_port is not None:
+            try:
+                self._serve_metrics(cfg.host, cfg.metrics_port)
+            except OSError:
+                await self.stop()
+                raise
+
+    def _serve_metrics(self, host: str, port: int) -> None:
+        try:
+            self._metrics_http, _ = start_http_server(port, addr=host, registry=self.metrics.registry)
+        except OSError as e:
+            raise OSError(f"cannot serve the gateway's metrics on {host}:{port} (in use?): {e}") from None
+        self.metrics_port = int(self._metrics_http.server_port)
+        logger.info("gateway metrics on http://%s:%d/metrics", host, self.metrics_port)
 
     async def wait(self) -> None:
         """Until the server stops."""
@@ -214,6 +236,10 @@ class GatewayServer:
         self._server.should_exit = True
         await self._task
         self._server = self._task = None
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+            self._metrics_http = None
         logger.info("gateway stopped")
 
 

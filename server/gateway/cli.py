@@ -14,6 +14,12 @@ from infer.server.gateway.guard import HttpLimits
 from infer.server.security import ApiKeys, TlsFiles
 from infer.server.signals import run_until_signal
 
+DEFAULT_METRICS_PORT = 9465  # NOTE: not infer serve's 9464, so that both run on one host with their defaults
+
+
+def _port_or_off(text: str) -> int | None:
+    return None if text.lower() in ("off", "none") else int(text)
+
 
 def _optional_seconds(text: str) -> float | None:
     return None if text.lower() in ("", "none", "0") else float(text)
@@ -39,6 +45,8 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     _flag(p, "--upstream", "INFER_UPSTREAM", "127.0.0.1:50051", "the infer gRPC server, host:port")
     _flag(p, "--host", "INFER_HOST", "127.0.0.1", "address to listen on (0.0.0.0 for all interfaces)")
     _flag(p, "--http-port", "INFER_HTTP_PORT", "8000", "HTTP port (0 = any free port)", int)
+    _flag(p, "--metrics-port", "INFER_METRICS_PORT", str(DEFAULT_METRICS_PORT),
+          "Prometheus /metrics port, never the HTTP one (0 = any free port, off = none)", _port_or_off)  # fmt: skip
     _flag(p, "--model-id", "INFER_MODEL_ID", "", "the model name clients send (default: the server's model id)")
     timeout = f"{DEFAULT_TIMEOUT_S:g}"
     _flag(
@@ -103,6 +111,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         model_id=args.model_id or None,
         timeout_s=args.timeout_s,
         shutdown_grace_s=args.shutdown_grace_s,
+        metrics_port=args.metrics_port,
         access_log=args.access_log,
         tls=TlsFiles.from_settings(args.tls_cert, args.tls_key, args.tls_client_ca),
         upstream_tls=_upstream_tls(args),

@@ -1,6 +1,6 @@
 """The gateway's front door, an ASGI middleware: API keys, the body's size and read time, quiet disconnects.
 
-- A key is needed everywhere but /health and /metrics (probes carry none): 401 in OpenAI's shape.
+- A key is needed everywhere but /health (probes carry none): 401 in OpenAI's shape.
 - A body larger than max_request_bytes: 413 (by its Content-Length at once, else once it grows past).
 - A body that does not arrive within body_timeout_s of the request's start: 408, connection closed.
 - A client gone before its body arrived: a one-line INFO log, no traceback.
@@ -20,7 +20,7 @@ from infer.server.security import ApiKeys
 
 logger = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+OPEN_PATHS = frozenset({"/health"})
 
 
 @dataclass(frozen=True)

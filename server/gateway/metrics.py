@@ -1,20 +1,20 @@
-"""The gateway's own request metrics, in its own Prometheus registry (several gateways may share a process)."""
+"""The gateway's own request metrics, in its own Prometheus registry (several gateways may share a process).
+
+They are served off the public HTTP port: `infer gateway --metrics-port`, or, in `infer serve`, with the
+server's metrics on its metrics port."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from starlette.requests import Request
-from starlette.responses import Response
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infer.server.gateway.errors import APIError
 from infer.server.gateway.render import Choice
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health")
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -53,10 +53,6 @@ class GatewayMetrics:
     def record_usage(self, choices: Sequence[Choice], n: int) -> None:
         self.prompt_tokens.inc(sum(c.usage.prompt_tokens for c in choices[::n] if c.usage is not None))
         self.completion_tokens.inc(sum(c.usage.completion_tokens for c in choices if c.usage is not None))
-
-    async def endpoint(self, request: Request) -> Response:
-        """GET /metrics"""
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 class MetricsMiddleware:

@@ -102,7 +102,24 @@ def pod_labels(deployment: Manifest) -> dict[str, str]:
 
 
 def env(container: Manifest) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container.get("env", [])}
+    """A container's plain env values (entries from `valueFrom` left out: `env_from`)."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def env_from(container: Manifest) -> dict[str, Manifest]:
+    """A container's env entries that come from elsewhere (`valueFrom`: the downward API, Secrets)."""
+    return {e["name"]: e["valueFrom"] for e in container.get("env", []) if "valueFrom" in e}
+
+
+def mounted_file(spec: Manifest, container: Manifest, path: str) -> tuple[Manifest, str]:
+    """The volume and the item key a file path in a container comes from (AssertionError when nothing mounts it)."""
+    for mount in container.get("volumeMounts", []):
+        if path.startswith(mount["mountPath"].rstrip("/") + "/"):
+            volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+            relative = path[len(mount["mountPath"].rstrip("/")) + 1 :]
+            items = {i["path"]: i["key"] for i in volume.get("secret", {}).get("items", [])}
+            return volume, items.get(relative, relative)
+    raise AssertionError(f"{container['name']}: nothing mounts {path}")
 
 
 def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:

@@ -14,7 +14,7 @@ from yamllint.config import YamlLintConfig
 
 from infer.engine.config import DTYPES
 from infer.server.settings import SETTINGS
-from tests.deploy.chart import CASES, CHART, chart_values, render, render_error, run_helm, values_args
+from tests.deploy.chart import CASES, CHART, chart_values, env, render, render_error, run_helm, values_args
 from tests.deploy.chart_docs import documented_values, leaf_paths, values_table
 
 SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
@@ -28,9 +28,12 @@ CHART_SETTINGS = {
     "model": "model.*",
     "api_keys_file": "apiKeys.secretName (a Secret mounted read-only)",
     "api_key": "apiKeys.secretName (keys stay out of values, in a Secret)",
-    "tls_cert": "not set: TLS ends at the Ingress or a service mesh (kubelet gRPC probes speak no TLS)",
-    "tls_key": "not set: see tls_cert",
-    "tls_client_ca": "not set: see tls_cert",
+    "tls_cert": "tls.secretName (its tls.crt, mounted read-only)",
+    "tls_key": "tls.secretName (its tls.key)",
+    "tls_client_ca": "tls.clientCaSecretName (its ca.crt)",
+    "health_port": "ports.health, with tls.secretName (the probes' plaintext port)",
+    "max_connection_age_s": "maxConnectionAgeS",
+    "max_connection_age_grace_s": "maxConnectionAgeGraceS",
 }
 
 # the model name clients send, for the cases that do not serve the default model
@@ -98,10 +101,64 @@ def test_every_serve_setting_is_reachable() -> None:
         ("gpu.count=-1", "gpu.count: Must be greater than or equal to 0"),
         ("ports.grpc=70000", "ports.grpc: Must be less than or equal to 65535"),
         ("model.source=s3", "model.source must be one of"),
+        # quantities, as Kubernetes would refuse them (at install time, after the chart had accepted them)
+        ("resources.requests.cpu=two", "resources.requests.cpu: Does not match pattern"),
+        ("resources.limits.memory=8 GB", "resources.limits.memory: Does not match pattern"),
+        ("gateway.resources.requests.cpu=quarter", "gateway.resources.requests.cpu: Does not match pattern"),
+        ("tmpSizeLimit=lots", "tmpSizeLimit: Does not match pattern"),
+        ("model.copy.sizeLimit=huge", "model.copy.sizeLimit: Does not match pattern"),
+        ("autoscaling.targetWaitingRequests=many", "autoscaling.targetWaitingRequests: Does not match pattern"),
+        ("autoscaling.targetWaitingRequests=0", "autoscaling.targetWaitingRequests: Must be greater than 0"),
+        ("autoscaling.targetKvCacheUsage=1.5", "autoscaling.targetKvCacheUsage: Does not match pattern"),
+        ("autoscaling.metric=gpu", "autoscaling.metric must be one of"),
+        # a budget of 0 blocks every node drain for good
+        (
+            "podDisruptionBudget.maxUnavailable=0",
+            "podDisruptionBudget.maxUnavailable: Must be greater than or equal to 1",
+        ),
+        ("podDisruptionBudget.maxUnavailable=0%", "podDisruptionBudget.maxUnavailable: Does not match pattern"),
+        ("serviceMonitor.interval=soon", "serviceMonitor.interval: Does not match pattern"),
+        ("updateStrategy.type=Replace", "updateStrategy.type must be one of"),
+        ("updateStrategy.rollingUpdate.maxSurge=lots", "updateStrategy.rollingUpdate.maxSurge: Does not match pattern"),
+        ("service.type=LoadBalancer", "service: Additional property type is not allowed"),  # service.grpc/http.type
+        ("service.grpc.type=ExternalName", "service.grpc.type must be one of"),
+        ("ports.health=0", "ports.health: Must be greater than or equal to 1"),
+        ("inferencePool.endpointPicker.failureMode=Retry", "inferencePool.endpointPicker.failureMode must be one of"),
     ],
 )
 def test_schema_refuses_bad_values(helm: str, value: str, message: str) -> None:
     assert message in render_error(helm, "--set", value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "path", "expected"),
+    [
+        (["--set", "podDisruptionBudget.minAvailable=1"], ("PodDisruptionBudget", "minAvailable"), 1),
+        (["--set", "podDisruptionBudget.minAvailable=30%"], ("PodDisruptionBudget", "minAvailable"), "30%"),
+        (["--set", "podDisruptionBudget.maxUnavailable=10%"], ("PodDisruptionBudget", "maxUnavailable"), "10%"),
+        (["--set-json", "autoscaling.targetWaitingRequests=0.5"], ("HorizontalPodAutoscaler", "averageValue"), "0.5"),
+        (["--set", "autoscaling.targetWaitingRequests=2.5"], ("HorizontalPodAutoscaler", "averageValue"), "2.5"),
+        (["--set", "autoscaling.targetWaitingRequests=500m"], ("HorizontalPodAutoscaler", "averageValue"), "500m"),
+        (["--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.interval=1m30s"],
+         ("ServiceMonitor", "interval"), "1m30s"),
+        (["--set", "resources.requests.cpu=1500m"], ("Deployment", "cpu"), "1500m"),
+        (["--set-json", "tmpSizeLimit=1073741824"], ("Deployment", "sizeLimit"), 1073741824),
+    ],
+)  # fmt: skip
+def test_schema_takes_what_kubernetes_takes(helm: str, flags: list[str], path: tuple[str, str], expected: Any) -> None:
+    """Values the schema once refused, though Kubernetes takes them (a PDB's minAvailable, fractions, durations)."""
+    kind, field = path
+    (manifest,) = [m for m in render(helm, *flags) if m["kind"] == kind]
+    assert _find(manifest, field) == [expected]
+
+
+def _find(node: Any, field: str) -> list[Any]:
+    """Every value of `field` anywhere in a manifest."""
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == field] + [x for v in node.values() for x in _find(v, field)]
+    if isinstance(node, list):
+        return [x for v in node for x in _find(v, field)]
+    return []
 
 
 @pytest.mark.parametrize(
@@ -114,6 +171,22 @@ def test_schema_refuses_bad_values(helm: str, value: str, message: str) -> None:
         (["autoscaling.minReplicas=9"], "autoscaling.minReplicas (9) is above autoscaling.maxReplicas (8)"),
         (["serviceMonitor.enabled=true", "metrics.enabled=false"], "serviceMonitor.enabled needs metrics.enabled"),
         (["ingress.enabled=true"], "ingress.hosts: at least one host"),
+        (["ports.http=50051"], "ports.grpc and ports.http are both 50051: each port needs its own number"),
+        (["ports.metrics=8000"], "ports.http and ports.metrics are both 8000"),
+        (["podDisruptionBudget.minAvailable=2"], "podDisruptionBudget.minAvailable (2) must be below the server"),
+        (
+            [
+                "gateway.mode=separate",
+                "gateway.replicaCount=1",
+                "podDisruptionBudget.minAvailable=1",
+                "autoscaling.minReplicas=3",
+            ],
+            "podDisruptionBudget.minAvailable (1) must be below the gateway replicas (1)",
+        ),
+        (
+            ["updateStrategy.rollingUpdate.maxSurge=0", "updateStrategy.rollingUpdate.maxUnavailable=0%"],
+            "maxSurge and maxUnavailable are both 0",
+        ),
     ],
 )
 def test_inconsistent_values_fail_with_a_message(helm: str, values: list[str], message: str) -> None:
@@ -124,7 +197,7 @@ def test_whole_numbers_stay_whole(helm: str) -> None:
     """Helm reads YAML numbers as floats: 2^34 must not reach the server as 1.7179869184e+10."""
     manifests = render(helm, "--set", "config.kv_cache_memory_bytes=17179869184", "--set-json", "shutdownGraceS=12.5")
     (deployment,) = (m for m in manifests if m["kind"] == "Deployment")
-    variables = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    variables = env(deployment["spec"]["template"]["spec"]["containers"][0])
     assert variables["INFER_KV_CACHE_MEMORY_BYTES"] == "17179869184"
     assert variables["INFER_SHUTDOWN_GRACE_S"] == "12.5"
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 5 + 13 + 15

@@ -52,6 +52,48 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s:%s" .Values.image.repository $tag }}
 {{- end }}
 
+{{/* The CPU image, for pods that need no GPU (the separate gateway, the helm test): never the -cuda tag. */}}
+{{- define "infer.cpuImage" -}}
+{{- $tag := .Values.image.cpuTag | default (trimSuffix "-cuda" (.Values.image.tag | default .Chart.AppVersion)) }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+
+{{- define "infer.tlsOn" -}}
+{{- if .Values.tls.secretName }}true{{ end }}
+{{- end }}
+
+{{/* Every port a pod listens on is its own: two on one number would fail at start (or share a listener). */}}
+{{- define "infer.checkPorts" -}}
+{{- $seen := dict }}
+{{- $names := list "grpc" "http" "metrics" }}
+{{- if include "infer.tlsOn" . }}{{ $names = append $names "health" }}{{ end }}
+{{- range $name := $names }}
+{{- $port := toString (index $.Values.ports $name) }}
+{{- if hasKey $seen $port }}
+{{- fail (printf "ports.%s and ports.%s are both %s: each port needs its own number" (get $seen $port) $name $port) }}
+{{- end }}
+{{- $_ := set $seen $port $name }}
+{{- end }}
+{{- end }}
+
+{{/* RollingUpdate (nulls filled in: CPU pods surge, GPU pods replace one at a time) or Recreate, never both. */}}
+{{- define "infer.updateStrategy" -}}
+{{- $u := .Values.updateStrategy }}
+type: {{ $u.type }}
+{{- if eq $u.type "RollingUpdate" }}
+{{- $gpu := gt (int .Values.gpu.count) 0 }}
+{{- $r := $u.rollingUpdate | default dict }}
+{{- $surge := ternary (ternary 0 1 $gpu) $r.maxSurge (kindIs "invalid" $r.maxSurge) }}
+{{- $unavailable := ternary (ternary 1 0 $gpu) $r.maxUnavailable (kindIs "invalid" $r.maxUnavailable) }}
+{{- if and (regexMatch "^0%?$" (toString $surge)) (regexMatch "^0%?$" (toString $unavailable)) }}
+{{- fail "updateStrategy.rollingUpdate: maxSurge and maxUnavailable are both 0: a rollout could never start" }}
+{{- end }}
+rollingUpdate:
+  maxSurge: {{ $surge | toJson }}
+  maxUnavailable: {{ $unavailable | toJson }}
+{{- end }}
+{{- end }}
+
 {{- define "infer.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "infer.fullname" .) .Values.serviceAccount.name }}
@@ -113,6 +155,16 @@ app.kubernetes.io/component: {{ index . 1 }}
   value: {{ if .Values.metrics.enabled }}{{ include "infer.envValue" .Values.ports.metrics }}{{ else }}"off"{{ end }}
 - name: INFER_SHUTDOWN_GRACE_S
   value: {{ include "infer.envValue" .Values.shutdownGraceS }}
+{{- if not (kindIs "invalid" .Values.maxConnectionAgeS) }}
+- name: INFER_MAX_CONNECTION_AGE_S
+  value: {{ include "infer.envValue" .Values.maxConnectionAgeS }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.maxConnectionAgeGraceS) }}
+- name: INFER_MAX_CONNECTION_AGE_GRACE_S
+  value: {{ include "infer.envValue" .Values.maxConnectionAgeGraceS }}
+{{- end }}
+{{- include "infer.threadsEnv" . }}
+{{- include "infer.tlsEnv" . }}
 {{- with include "infer.modelDir" . }}
 - name: INFER_MODEL
   value: {{ . | quote }}
@@ -163,5 +215,122 @@ app.kubernetes.io/component: {{ index . 1 }}
 - name: api-keys
   mountPath: /etc/infer/api-keys
   readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* OMP_NUM_THREADS, which torch reads: set, or the CPU request rounded up; not when extraEnv sets it. */}}
+{{- define "infer.threadsEnv" -}}
+{{- $inExtra := false }}
+{{- range .Values.extraEnv }}{{ if eq .name "OMP_NUM_THREADS" }}{{ $inExtra = true }}{{ end }}{{ end }}
+{{- $requests := (.Values.resources | default dict).requests | default dict }}
+{{- if $inExtra }}
+{{- else if not (kindIs "invalid" .Values.cpuThreads) }}
+- name: OMP_NUM_THREADS
+  value: {{ include "infer.envValue" .Values.cpuThreads }}
+{{- else if hasKey $requests "cpu" }}
+- name: OMP_NUM_THREADS
+  valueFrom:
+    resourceFieldRef:
+      containerName: server
+      resource: requests.cpu
+      divisor: "1"
+{{- end }}
+{{- end }}
+
+{{/* TLS: the server's certificate from tls.secretName, the client CA for mTLS; probes use the health port. */}}
+{{- define "infer.tlsDir" -}}/etc/infer/tls{{- end }}
+
+{{- define "infer.tlsEnv" -}}
+{{- if include "infer.tlsOn" . }}
+- name: INFER_TLS_CERT
+  value: {{ printf "%s/server/tls.crt" (include "infer.tlsDir" .) | quote }}
+- name: INFER_TLS_KEY
+  value: {{ printf "%s/server/tls.key" (include "infer.tlsDir" .) | quote }}
+- name: INFER_HEALTH_PORT
+  value: {{ include "infer.envValue" .Values.ports.health }}
+{{- with .Values.tls.clientCaSecretName }}
+- name: INFER_TLS_CLIENT_CA
+  value: {{ printf "%s/client-ca/ca.crt" (include "infer.tlsDir" $) | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Volumes of the TLS files: `server` (the server pods), `ca` and `client` (the chart's own clients). */}}
+{{- define "infer.tlsVolumes" -}}
+{{- $root := index . 0 }}{{- $role := index . 1 }}{{- $t := $root.Values.tls }}
+{{- if $t.secretName }}
+{{- if eq $role "server" }}
+- name: tls-server
+  secret:
+    secretName: {{ $t.secretName }}
+    items: [{key: tls.crt, path: tls.crt}, {key: tls.key, path: tls.key}]
+{{- with $t.clientCaSecretName }}
+- name: tls-client-ca
+  secret:
+    secretName: {{ . }}
+    items: [{key: ca.crt, path: ca.crt}]
+{{- end }}
+{{- else }}
+- name: tls-ca
+  secret:
+    secretName: {{ $t.secretName }}
+    items: [{key: ca.crt, path: ca.crt}]
+{{- if $t.clientCaSecretName }}
+- name: tls-client
+  secret:
+    secretName: {{ required "tls.clientSecretName: the client certificate the gateway and the helm test present under mTLS" $t.clientSecretName }}
+    items: [{key: tls.crt, path: tls.crt}, {key: tls.key, path: tls.key}]
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "infer.tlsMounts" -}}
+{{- $root := index . 0 }}{{- $role := index . 1 }}{{- $t := $root.Values.tls }}{{- $dir := include "infer.tlsDir" $root }}
+{{- if $t.secretName }}
+{{- if eq $role "server" }}
+- {name: tls-server, mountPath: {{ $dir }}/server, readOnly: true}
+{{- if $t.clientCaSecretName }}
+- {name: tls-client-ca, mountPath: {{ $dir }}/client-ca, readOnly: true}
+{{- end }}
+{{- else }}
+- {name: tls-ca, mountPath: {{ $dir }}/ca, readOnly: true}
+{{- if $t.clientCaSecretName }}
+- {name: tls-client, mountPath: {{ $dir }}/client, readOnly: true}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A client's TLS files, as `infer client` / `infer health` flags (the CA, the client certificate, the name). */}}
+{{- define "infer.clientTlsArgs" -}}
+{{- $t := .Values.tls }}{{- $dir := include "infer.tlsDir" . }}
+{{- if $t.secretName }}
+{{- $args := list "--tls-ca" (printf "%s/ca/ca.crt" $dir) }}
+{{- if $t.clientCaSecretName }}
+{{- $args = concat $args (list "--tls-cert" (printf "%s/client/tls.crt" $dir) "--tls-key" (printf "%s/client/tls.key" $dir)) }}
+{{- end }}
+{{- with $t.serverName }}{{ $args = concat $args (list "--tls-server-name" .) }}{{ end }}
+{{- toJson $args }}
+{{- else }}[]
+{{- end }}
+{{- end }}
+
+{{/* The separate gateway reaches TLS model servers with the CA (and, for mTLS, the client certificate). */}}
+{{- define "infer.gatewayTlsEnv" -}}
+{{- $t := .Values.tls }}{{- $dir := include "infer.tlsDir" . }}
+{{- if $t.secretName }}
+- name: INFER_UPSTREAM_TLS_CA
+  value: {{ printf "%s/ca/ca.crt" $dir | quote }}
+{{- if $t.clientCaSecretName }}
+- name: INFER_UPSTREAM_TLS_CERT
+  value: {{ printf "%s/client/tls.crt" $dir | quote }}
+- name: INFER_UPSTREAM_TLS_KEY
+  value: {{ printf "%s/client/tls.key" $dir | quote }}
+{{- end }}
+{{- with $t.serverName }}
+- name: INFER_UPSTREAM_TLS_SERVER_NAME
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- end }}

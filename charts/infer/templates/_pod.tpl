@@ -1,22 +1,24 @@
 {{/* Pieces of the model server pod: probes, resources, the model's volumes and init container. */}}
 
+{{/* Native gRPC probes: on the gRPC port, or with TLS on the plaintext health port (the kubelet has no TLS). */}}
 {{- define "infer.serverProbes" -}}
 {{- $p := .Values.probes -}}
+{{- $port := ternary .Values.ports.health .Values.ports.grpc (not (empty (include "infer.tlsOn" .))) -}}
 startupProbe:
   grpc:
-    port: {{ .Values.ports.grpc }}
+    port: {{ $port }}
   periodSeconds: {{ $p.startup.periodSeconds }}
   failureThreshold: {{ $p.startup.failureThreshold }}
   timeoutSeconds: {{ $p.timeoutSeconds }}
 readinessProbe:
   grpc:
-    port: {{ .Values.ports.grpc }}
+    port: {{ $port }}
   periodSeconds: {{ $p.readiness.periodSeconds }}
   failureThreshold: {{ $p.readiness.failureThreshold }}
   timeoutSeconds: {{ $p.timeoutSeconds }}
 livenessProbe:
   grpc:
-    port: {{ .Values.ports.grpc }}
+    port: {{ $port }}
   periodSeconds: {{ $p.liveness.periodSeconds }}
   failureThreshold: {{ $p.liveness.failureThreshold }}
   timeoutSeconds: {{ $p.timeoutSeconds }}
@@ -45,6 +47,10 @@ lifecycle:
 - name: tmp
   mountPath: /tmp
 {{- include "infer.apiKeysMount" . }}
+{{- include "infer.tlsMounts" (list . "server") }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
 {{- if eq .Values.model.source "pvc" }}
 - name: model-store
   mountPath: /mnt/model-store
@@ -61,6 +67,10 @@ lifecycle:
   emptyDir:
     sizeLimit: {{ .Values.tmpSizeLimit }}
 {{- include "infer.apiKeysVolume" . }}
+{{- include "infer.tlsVolumes" (list . "server") }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- $m := .Values.model }}
 {{- if eq $m.source "pvc" }}
 - name: model-store

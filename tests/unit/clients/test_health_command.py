@@ -15,6 +15,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from infer.clients.cli import health_address
 from infer.server.cli import main
+from infer.server.security import TlsFiles, server_credentials
+from tests.unit.server.security_helpers import Certs, make_certs
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -96,3 +98,63 @@ def test_probe_process_stays_light(health_server: HealthServer) -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"127.0.0.1:{port}: SERVING\n"
+
+
+# TLS: `infer health` as an exec probe or a person checks a server whose gRPC port speaks (m)TLS
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture
+def mtls_server(certs: Certs) -> Iterator[str]:
+    servicer = health.HealthServicer()
+    servicer.set("", SERVING)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_secure_port(
+        "127.0.0.1:0", server_credentials(TlsFiles(certs.server_cert, certs.server_key, certs.ca))
+    )
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
+
+
+def test_tls_flags_reach_a_tls_server(mtls_server: str, certs: Certs, capsys: pytest.CaptureFixture[str]) -> None:
+    client = ["--tls-cert", certs.client_cert, "--tls-key", certs.client_key]
+    assert main(["health", "--address", mtls_server, "--tls-ca", certs.ca, *client]) == 0
+    assert capsys.readouterr().out == f"{mtls_server}: SERVING\n"
+    # --tls-server-name: the name to check in the certificate (it names localhost and 127.0.0.1)
+    named = ["health", "--address", mtls_server, "--tls-ca", certs.ca, *client, "--timeout-s", "5", "--tls-server-name"]
+    assert main([*named, "localhost"]) == 0
+    assert main([*named, "infer.example.com"]) == 1
+
+
+def test_without_tls_flags_a_tls_server_fails_with_a_hint(
+    mtls_server: str, certs: Certs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["health", "--address", mtls_server, "--timeout-s", "5"]) == 1
+    assert "UNAVAILABLE" in (err := capsys.readouterr().err) and "a TLS server? pass --tls-ca" in err
+    assert main(["health", "--address", mtls_server, "--tls-ca", certs.ca, "--timeout-s", "5"]) == 1
+    assert "an mTLS server? pass --tls-cert and --tls-key" in capsys.readouterr().err
+    other_ca = ["--tls-ca", certs.other_ca, "--tls-cert", certs.client_cert, "--tls-key", certs.client_key]
+    assert main(["health", "--address", mtls_server, *other_ca, "--timeout-s", "5"]) == 1  # a CA that did not sign it
+
+
+def test_bad_tls_flags_exit_1_with_the_reason(
+    mtls_server: str, certs: Certs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["health", "--address", mtls_server, "--tls-ca", "/no/such/ca.pem"]) == 1
+    assert "tls ca_file: cannot read /no/such/ca.pem" in capsys.readouterr().err
+    assert main(["health", "--address", mtls_server, "--tls-cert", certs.client_cert]) == 1
+    assert "give both, or neither" in capsys.readouterr().err
+
+
+def test_default_address_prefers_the_plaintext_health_port() -> None:
+    environ = {"INFER_GRPC_PORT": "6000", "INFER_HEALTH_PORT": "6001"}
+    assert health_address(environ) == "127.0.0.1:6001"
+    assert health_address(environ | {"INFER_HEALTH_PORT": "off"}) == "127.0.0.1:6000"

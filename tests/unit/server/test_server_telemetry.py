@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 
 from infer.engine.request import FinishReason, RequestOutput, Timings, Usage
 from infer.engine.stats import EngineStats
-from infer.server.telemetry import Telemetry
+from infer.server.telemetry import PROTOCOL_GAUGES, Telemetry
 
 STATS = EngineStats(
     num_waiting=2, num_running=3, num_blocks_used=10, num_blocks_free=90, num_preemptions_total=4,
@@ -83,14 +83,25 @@ def test_engine_gauges_and_counters_are_exported(telemetry: Telemetry) -> None:
         "infer_requests_waiting 2.0", "infer_requests_running 3.0", "infer_kv_blocks_used 10.0",
         "infer_kv_blocks_free 90.0", "infer_preemptions_total 4.0", "infer_prompt_tokens_total 100.0",
         "infer_generation_tokens_total 50.0", "infer_prefix_cache_hit_tokens_total 16.0",
+        "infer_kv_cache_usage_ratio 0.1",
     ):  # fmt: skip
         assert line in text, line
+
+
+def test_the_model_server_protocol_gauges_are_exported_by_their_names(telemetry: Telemetry) -> None:
+    """What an inference gateway's endpoint picker and the chart's HPA read: queue depth and KV utilisation."""
+    lines = _scrape(telemetry).splitlines()
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in lines if not line.startswith("#")}
+    assert [values[PROTOCOL_GAUGES[g]] for g in ("TotalQueuedRequests", "TotalRunningRequests")] == [2, 3]
+    assert values[PROTOCOL_GAUGES["KVCacheUtilization"]] == pytest.approx(10 / 100)
+    assert f"# TYPE {PROTOCOL_GAUGES['KVCacheUtilization']} gauge" in lines
 
 
 def test_no_engine_yet_exports_no_engine_metrics(spans: InMemorySpanExporter) -> None:
     telemetry = Telemetry(lambda: None, spans)
     try:
-        assert "infer_kv_blocks_used" not in _scrape(telemetry)
+        text = _scrape(telemetry)
+        assert "infer_kv_blocks_used" not in text and "infer_kv_cache_usage_ratio" not in text
     finally:
         telemetry.shutdown()
 

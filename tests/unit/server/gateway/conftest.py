@@ -26,7 +26,7 @@ def upstream(loop: LoopThread) -> Iterator[FakeUpstream]:
 
 @pytest.fixture(scope="module")
 def gateway(upstream: FakeUpstream, loop: LoopThread) -> Iterator[RunningGateway]:
-    with running_gateway(upstream.address, loop) as gateway:
+    with running_gateway(upstream.address, loop, metrics_port=0) as gateway:
         yield gateway
 
 

@@ -112,21 +112,25 @@ def test_cli_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = argparse.ArgumentParser()
     add_gateway_parser(parser.add_subparsers())
     config = config_from_args(parser.parse_args(["gateway", "--upstream", "10.0.0.1:50051", "--model-id", "m"]))
-    assert config == GatewayConfig(upstream="10.0.0.1:50051", http_port=9000, model_id="m", timeout_s=None)
-    args = parser.parse_args(["gateway", "--http-port", "0", "--timeout-s", "5"])
-    assert (args.http_port, args.timeout_s, args.upstream) == (0, 5.0, "127.0.0.1:50051")
+    expected = GatewayConfig(upstream="10.0.0.1:50051", http_port=9000, metrics_port=9465, model_id="m", timeout_s=None)
+    assert config == expected
+    args = parser.parse_args(["gateway", "--http-port", "0", "--timeout-s", "5", "--metrics-port", "off"])
+    assert (args.http_port, args.timeout_s, args.upstream, args.metrics_port) == (0, 5.0, "127.0.0.1:50051", None)
     with pytest.raises(ValueError, match="http_port"):
         GatewayConfig(http_port=70000)
+    with pytest.raises(ValueError, match="metrics_port: must differ from http_port"):
+        GatewayConfig(http_port=8000, metrics_port=8000)
 
 
-def test_gateway_command_stops_on_sigterm() -> None:
-    port = _free_port()
+def test_gateway_command_serves_metrics_on_its_own_port_and_stops_on_sigterm() -> None:
+    port, metrics_port = _free_port(), _free_port()
     code = (
         "import argparse, sys; from infer.server.gateway import add_gateway_parser; "
         "p = argparse.ArgumentParser(); add_gateway_parser(p.add_subparsers()); "
         "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
     )
-    argv = [sys.executable, "-c", code, "gateway", "--upstream", "127.0.0.1:1", "--http-port", str(port)]
+    argv = [sys.executable, "-c", code, "gateway", "--upstream", "127.0.0.1:1", "--http-port", str(port),
+            "--metrics-port", str(metrics_port)]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": "."})
     try:
         deadline = time.monotonic() + 30
@@ -137,6 +141,9 @@ def test_gateway_command_stops_on_sigterm() -> None:
             except httpx.ConnectError:
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.05)
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 404
+        scrape = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+        assert 'infer_gateway_requests_total{endpoint="/health",status="503"} 1.0' in scrape
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
     finally:

@@ -159,29 +159,40 @@ def test_models_via_the_openai_client(gateway: RunningGateway) -> None:
     assert [m.id for m in client.models.list()] == [FAKE_MODEL]
 
 
-def test_metrics_count_requests_by_status(http: httpx.Client) -> None:
+def _metrics(gateway: RunningGateway) -> str:
+    """A scrape of the gateway's metrics port."""
+    return httpx.get(f"http://127.0.0.1:{gateway.server.metrics_port}/metrics", timeout=10).text
+
+
+def test_metrics_count_requests_by_status(gateway: RunningGateway, http: httpx.Client) -> None:
     http.post(COMPLETIONS, json=completion_body())
     http.post(COMPLETIONS, json=completion_body(prompt="status:RESOURCE_EXHAUSTED"))
     http.post(CHAT, json=chat_body(stream=True, max_tokens=2))
-    text = http.get("/metrics").text
+    text = _metrics(gateway)
     assert 'infer_gateway_requests_total{endpoint="/v1/completions",status="200"}' in text
     assert 'infer_gateway_requests_total{endpoint="/v1/completions",status="429"}' in text
     assert 'infer_gateway_time_to_first_token_seconds_count{endpoint="/v1/chat/completions"}' in text
     assert "infer_gateway_completion_tokens_total" in text and "infer_gateway_requests_in_flight" in text
 
 
-def _upstream_errors(http: httpx.Client) -> dict[str, float]:
-    lines = http.get("/metrics").text.splitlines()
+def test_metrics_stay_off_the_public_http_port(gateway: RunningGateway, http: httpx.Client) -> None:
+    assert http.get("/metrics").status_code == 404
+    assert gateway.server.metrics_port not in (None, gateway.server.port)
+    assert "infer_gateway_requests_in_flight" in _metrics(gateway)
+
+
+def _upstream_errors(gateway: RunningGateway) -> dict[str, float]:
+    lines = _metrics(gateway).splitlines()
     found = (re.match(r'infer_gateway_upstream_errors_total\{status="(\d+)"\} (\S+)', line) for line in lines)
     return {m.group(1): float(m.group(2)) for m in found if m}
 
 
-def test_metrics_count_upstream_errors_by_status(http: httpx.Client) -> None:
-    before = _upstream_errors(http)
+def test_metrics_count_upstream_errors_by_status(gateway: RunningGateway, http: httpx.Client) -> None:
+    before = _upstream_errors(gateway)
     http.post(COMPLETIONS, json=completion_body(prompt="status:UNAVAILABLE"))  # refused before the response
     http.post(COMPLETIONS, json=completion_body(prompt="fail-midway", stream=True))  # failed mid-stream
     http.post(COMPLETIONS, json=completion_body(model="no-such-model"))  # the gateway's own 404: not upstream
-    after = _upstream_errors(http)
+    after = _upstream_errors(gateway)
     assert after.get("503", 0) - before.get("503", 0) == 1
     assert after.get("500", 0) - before.get("500", 0) == 1
     assert "404" not in after

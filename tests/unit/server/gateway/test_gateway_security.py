@@ -52,7 +52,7 @@ def test_a_key_is_needed_but_not_for_probes(keyed_url: str, fake: FakeInference)
         assert _is_401(http.get("/v1/models", headers={"Authorization": KEY}))  # no Bearer scheme
         assert not fake.requests
         assert http.get("/health").status_code == 200
-        assert http.get("/metrics").status_code == 200
+        assert http.get("/metrics", headers=_bearer(KEY)).status_code == 404  # on the metrics port, not here
         assert http.get("/v1/models", headers=_bearer(KEY)).json()["data"][0]["id"] == FAKE_MODEL
         assert http.post(COMPLETIONS, json=completion_body(), headers=_bearer(KEY)).status_code == 200
     assert fake.metadata[-1]["authorization"] == f"Bearer {KEY}"  # forwarded: the model server checks it too
