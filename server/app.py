@@ -123,12 +123,17 @@ class InferenceServer:
     async def load(self, engine: EngineClient | None = None) -> None:
         """Load the model (in a thread: health keeps answering), warm it up, then report SERVING.
 
+        A model that fails to load or to warm up raises, and health stays NOT_SERVING.
         `engine`: serve this one instead of loading `config.engine` (tests serve a fake engine this way).
         """
         if engine is None:
             engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
         if self.config.warmup:
-            await engine.warmup()
+            try:
+                await engine.warmup()
+            except BaseException:
+                await asyncio.to_thread(engine.shutdown)
+                raise
         info, cfg, stats = engine.model_info, engine.config, engine.stats()
         logger.info(
             "model %s from %s on %s (%s): %d KV blocks of %d tokens, max_model_len %d, max_num_seqs %d",
@@ -158,7 +163,8 @@ class InferenceServer:
 
 
 async def serve(config: ServerConfig) -> int:
-    """`infer serve`: run until SIGTERM or SIGINT, then drain and exit 0; 1 when the model fails to load."""
+    """`infer serve`: run until SIGTERM or SIGINT, then drain and exit 0; 1 when the model fails to load or to
+    warm up (health never says SERVING)."""
     server = InferenceServer(config)
     await server.start()
     gateway = await start_gateway(server)
@@ -170,7 +176,7 @@ async def serve(config: ServerConfig) -> int:
     try:
         await run_until_signal(load_and_serve())  # a signal during loading: stop without serving
     except Exception as e:
-        logger.error("model failed to load: %s", e)
+        logger.error("model failed to load or warm up: %s", e)
         await asyncio.gather(server.stop(grace_s=0), *([gateway.stop()] if gateway else []))
         return 1
     logger.info("signal received: draining (grace %.1f s)", config.shutdown_grace_s)
