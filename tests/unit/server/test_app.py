@@ -13,7 +13,7 @@ from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.engine.async_engine import AsyncEngine, WarmupError
 from infer.server import app
-from infer.server.app import InferenceServer, serve
+from infer.server.app import InferenceServer, grpc_options, serve
 from infer.server.settings import ServerConfig
 from tests.helpers.fake_engine import FakeRunner, fake_core
 
@@ -80,3 +80,9 @@ def test_a_warmup_that_succeeds_serves() -> None:
 
     asyncio.run(main())
 
+
+def test_connection_age_settings_become_grpc_channel_args() -> None:
+    options = dict(grpc_options(ServerConfig(max_connection_age_s=1.5, max_connection_age_grace_s=0)))
+    assert options["grpc.max_connection_age_ms"] == 1500 and options["grpc.max_connection_age_grace_ms"] == 0
+    options = dict(grpc_options(ServerConfig(max_connection_age_s=None, max_connection_age_grace_s=None)))
+    assert "grpc.max_connection_age_ms" not in options and "grpc.max_connection_age_grace_ms" not in options
