@@ -89,10 +89,10 @@ class Lifecycle:
         if self.state is not State.STOPPED:
             self.state = State.DRAINING
         await self.health.enter_graceful_shutdown()
+        logger.info("draining: %d RPCs in flight", self.num_in_flight)
 
     async def wait_idle(self, grace_s: float) -> bool:
         """Until the RPCs in flight have finished; False if some outlived grace_s."""
-        logger.info("draining: %d RPCs in flight, grace %.1f s", self.num_in_flight, grace_s)
         if self.num_in_flight == 0:
             return True
         try:
