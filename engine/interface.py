@@ -61,7 +61,8 @@ class EngineClient(Protocol):
         ...
 
     async def warmup(self) -> None:
-        """Run one small request so the first real one finds the kernels warm and the rates measured."""
+        """Run one small greedy request through the path real ones take, so the first real one finds the kernels
+        warm and the rates measured; raises (WarmupError) when it fails."""
         ...
 
     def shutdown(self) -> None: ...
