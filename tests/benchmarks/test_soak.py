@@ -1,0 +1,71 @@
+"""`make soak`: its RSS verdict on made-up series, and each hostile client's outcome against the fake engine's server
+and a gateway in front of it (the real run takes minutes and the model)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.server.gateway.guard import HttpLimits
+from infer.server.metrics_http import start_metrics_server
+from tests.integration.grpc_helpers import ServerThread, running_fake_server
+from tests.unit.server.gateway.gateway_helpers import LoopThread, running_gateway
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import soak  # noqa: E402
+import soak_hostile  # noqa: E402
+
+
+def test_rss_that_settles_after_warm_up_is_flat_and_rss_that_climbs_is_not() -> None:
+    is_flat, text = soak.rss_verdict([900, 1050, 1100, 1120, 1105, 1110], warmup_windows=2)
+    assert is_flat and "flat" in text
+    is_flat, text = soak.rss_verdict([900, 1000, 1100, 1200, 1300, 1400], warmup_windows=2)
+    assert not is_flat and "GROWING" in text
+    assert soak.rss_verdict([900, 1000], warmup_windows=2)[0] is False  # nothing after warm-up: no verdict
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerThread]:
+    with running_fake_server(max_model_len=256, max_num_seqs=8, max_waiting_requests=16) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def doors(server: ServerThread) -> Iterator[soak_hostile.Doors]:
+    loop = LoopThread()
+    metrics = start_metrics_server(CollectorRegistry(), "127.0.0.1", 0, header_timeout_s=0.5)
+    limits = HttpLimits(header_timeout_s=0.5)
+    with running_gateway(server.address, loop, limits=limits) as gateway:
+        yield soak_hostile.Doors("127.0.0.1", gateway.server.port, metrics.server_port, model="fake")
+    metrics.shutdown()
+    metrics.server_close()
+    loop.close()
+
+
+async def _outcome(server: ServerThread, doors: soak_hostile.Doors, kind: str) -> str:
+    options = [("grpc.max_send_message_length", 8 << 20)]
+    async with (
+        grpc.aio.insecure_channel(server.address, options=options) as channel,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{doors.http_port}", timeout=60) as http,
+    ):
+        stub = pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        return await soak_hostile.hostile_client(http, stub, doors, kind, random.Random(0))
+
+
+@pytest.mark.parametrize("kind", soak_hostile.KINDS)
+def test_each_hostile_client_gets_its_expected_answer(
+    server: ServerThread, doors: soak_hostile.Doors, kind: str
+) -> None:
+    assert asyncio.run(_outcome(server, doors, kind)) in soak_hostile.EXPECTED[kind]
+    server.wait_idle()
