@@ -14,13 +14,17 @@ One request per connection (HTTP/1.0), as before; every path answers with the me
 from __future__ import annotations
 
 import io
+import logging
 import socket
+import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, MetricsHandler
+
+logger = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 16 * 1024  # a scrape's request head is a few hundred bytes
 MAX_CONNECTIONS = 16
@@ -91,7 +95,11 @@ class MetricsServer(ThreadingHTTPServer):
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # NOTE: a client that vanished mid-answer is not worth a traceback on stderr
+        """A client that vanished mid-answer: DEBUG; anything else: the traceback, logged (not printed)."""
+        if isinstance(sys.exc_info()[1], OSError):
+            logger.debug("metrics: %s left mid-answer", client_address)
+        else:
+            logger.exception("metrics: the request from %s failed", client_address)
 
 
 def start_metrics_server(

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from hypothesis import event, given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from infer.clients.proto.v1 import inference_pb2 as pb
@@ -38,6 +38,9 @@ MODEL = "fake"
 HTTP_STATUSES = {200, 400, 403, 404, 409, 413, 415, 422, 429}
 REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 INTERNALS = ("Traceback", "object at 0x", "_cython")  # what an error message must never show
+# NOTE: an example here is a body of up to 4 MB or a chat of 30,000 messages: a fifth of the profile's count keeps
+# `make fuzz` within pytest's per-test timeout on a busy 2-core machine
+HEAVY = settings(max_examples=max(60, settings.default.max_examples // 5))
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +98,7 @@ def _num_field_lines(logs: pytest.LogCaptureFixture) -> int:
     return sum(r.name == "infer.server.gateway.schemas" for r in logs.records)
 
 
+@HEAVY
 @given(raw=raw_bodies(MODEL))
 def test_hostile_bodies_get_an_answer_or_a_4xx(
     server: ServerThread, http: httpx.Client, logs: pytest.LogCaptureFixture, raw: RawBody
@@ -143,6 +147,7 @@ def _generate(stub: pb_grpc.InferenceServiceStub, request: pb.GenerateRequest, m
     event("NaN logprob" if any(math.isnan(x) for x in logprobs) else "finite logprobs")
 
 
+@HEAVY
 @given(request=huge_message_requests() | extreme_float_requests(), metadata=grpc_metadata())
 def test_hostile_generate_requests_are_served_or_refused(
     server: ServerThread, stub: pb_grpc.InferenceServiceStub, request: pb.GenerateRequest, metadata: Any
