@@ -27,12 +27,13 @@ import soak  # noqa: E402
 import soak_hostile  # noqa: E402
 
 
-def test_rss_that_settles_after_warm_up_is_flat_and_rss_that_climbs_is_not() -> None:
-    is_flat, text = soak.rss_verdict([900, 1050, 1100, 1120, 1105, 1110], warmup_windows=2)
-    assert is_flat and "flat" in text
-    is_flat, text = soak.rss_verdict([900, 1000, 1100, 1200, 1300, 1400], warmup_windows=2)
+def test_rss_that_settles_after_each_phases_warm_up_is_flat_and_rss_that_climbs_is_not() -> None:
+    phases = ["normal"] * 4 + ["hostile"] * 4
+    is_flat, text = soak.rss_verdict([900, 950, 955, 952, 960, 1040, 1045, 1042], phases, warmup_windows=2)
+    assert is_flat and "normal: 955 MiB after warm-up" in text and "hostile: 1045 MiB after warm-up" in text
+    is_flat, text = soak.rss_verdict([900, 950, 1000, 1100, 1200, 1300, 1400, 1500], phases, warmup_windows=2)
     assert not is_flat and "GROWING" in text
-    assert soak.rss_verdict([900, 1000], warmup_windows=2)[0] is False  # nothing after warm-up: no verdict
+    assert soak.rss_verdict([900, 1000], ["normal"] * 2, warmup_windows=2)[0] is False  # no window after warm-up
 
 
 @pytest.fixture(scope="module")
