@@ -18,6 +18,7 @@ from infer.engine import AsyncEngine, EngineClient, EngineStats
 from infer.server.gateway.app import GatewayConfig, GatewayServer, local_upstream
 from infer.server.gateway.guard import HttpLimits
 from infer.server.health_port import HealthPort
+from infer.server.gateway.origins import parse_origins
 from infer.server.lifecycle import Lifecycle
 from infer.server.security import ApiKeyInterceptor, ApiKeys, server_credentials
 from infer.server.servicer import InferenceServicer, add_to_server
@@ -112,7 +113,7 @@ class InferenceServer:
                 raise
         if cfg.metrics_port is not None:
             try:
-                self.metrics_port = self.telemetry.serve_metrics(cfg.host, cfg.metrics_port)
+                self.metrics_port = self.telemetry.serve_metrics(cfg.host, cfg.metrics_port, cfg.http_header_timeout_s)
             except OSError as e:
                 await server.stop(None)
                 if self.health_port is not None:
@@ -238,6 +239,7 @@ async def start_gateway(server: InferenceServer) -> GatewayServer | None:
             api_keys=server.api_keys,
             limits=HttpLimits(config.max_request_bytes, config.http_header_timeout_s, config.http_body_timeout_s),
             max_output_tokens=config.max_output_tokens,
+            allowed_origins=parse_origins(config.allowed_origins),
         )
     )
     await gateway.start()

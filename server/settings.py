@@ -13,6 +13,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from infer.engine import DTYPES, QUANTIZATIONS, EngineConfig, check
+from infer.server.gateway.origins import parse_origins
 from infer.server.limits import RequestLimits
 from infer.server.security import TlsFiles
 
@@ -38,6 +39,7 @@ class ServerConfig:
     tls_client_ca: str | None = None  # mTLS: clients must show a certificate signed by this CA
     api_key: str | None = field(default=None, repr=False)  # one key, or several comma-separated
     api_keys_file: str | None = None  # one key a line
+    allowed_origins: str | None = None  # browser origins let call the HTTP API (CORS), comma-separated; * = any
     # limits
     max_request_bytes: int = 4 * 1024 * 1024  # an HTTP body, a gRPC message
     max_prompt_tokens: int | None = None  # None: max_model_len is the only bound
@@ -64,6 +66,7 @@ class ServerConfig:
         check("engine_stall_timeout_s", self.engine_stall_timeout_s > 0, "must be > 0")
         check("traces", self.traces in TRACE_EXPORTERS, f"must be one of {', '.join(TRACE_EXPORTERS)}")
         TlsFiles.from_settings(self.tls_cert, self.tls_key, self.tls_client_ca)  # ValueError when half given
+        parse_origins(self.allowed_origins)  # ValueError naming allowed_origins
         check("max_request_bytes", self.max_request_bytes >= 1024, "must be >= 1024")
         check("max_prompt_tokens", self.max_prompt_tokens is None or self.max_prompt_tokens >= 1, "must be >= 1")
         check("max_output_tokens", self.max_output_tokens is None or self.max_output_tokens >= 1, "must be >= 1")
@@ -163,6 +166,12 @@ SETTINGS: tuple[Setting, ...] = (
     _server("tls_client_ca", _optional_str, "mTLS: require client certificates signed by this CA (PEM)"),
     _server("api_key", _optional_str, "API key(s), comma-separated: clients send 'Authorization: Bearer <key>'"),
     _server("api_keys_file", _optional_str, "a file of API keys, one a line (# comments)"),
+    _server(
+        "allowed_origins",
+        _optional_str,
+        "browser origins that may call the HTTP API (CORS), comma-separated, * = any; without an API key, "
+        "requests from other origins are refused",
+    ),
     _server("max_request_bytes", int, "largest HTTP request body and gRPC message (413 / RESOURCE_EXHAUSTED)"),
     _server("max_prompt_tokens", _optional_int, "longest prompt in tokens (none = max_model_len)"),
     _server("max_output_tokens", _optional_int, "largest max_tokens a request may ask for (none = no bound)"),
