@@ -26,6 +26,7 @@ class ModelInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]  # sorted; generation stops at any of them unless ignore_eos
     has_chat_template: bool
+    kernels: str = ""  # the kernel backend the model runs on (torch | cpu | triton, as INFER_KERNELS names them)
 
 
 class EngineClient(Protocol):
