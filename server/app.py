@@ -17,8 +17,8 @@ from infer.clients.types import SERVICE_NAME
 from infer.engine import AsyncEngine, EngineClient, EngineStats
 from infer.server.gateway.app import GatewayConfig, GatewayServer, local_upstream
 from infer.server.gateway.guard import HttpLimits
-from infer.server.health_port import HealthPort
 from infer.server.gateway.origins import parse_origins
+from infer.server.health_port import HealthPort
 from infer.server.lifecycle import Lifecycle
 from infer.server.security import ApiKeyInterceptor, ApiKeys, server_credentials
 from infer.server.servicer import InferenceServicer, add_to_server
