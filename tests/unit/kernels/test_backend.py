@@ -11,6 +11,7 @@ import torch
 
 from infer.kernels import Kernels, backend, cpu, select_kernels
 from tests.helpers.compiled import require_compiled_kernels
+from tests.helpers.device import TEST_DEVICE
 
 
 def test_auto_on_the_cpu_is_the_compiled_kernels_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,9 +98,9 @@ def test_the_triton_backend_runs_triton_kernels_and_the_reference_does_not(monke
         return x
 
     monkeypatch.setattr(activation_triton, "silu_and_mul_triton", fake)
-    x = torch.randn(2, 8)
-    select_kernels("cpu", torch.float32, "torch").silu_and_mul(x)
-    triton: Kernels = select_kernels("cpu", torch.float32, "triton")
+    x = torch.randn(2, 8, device=TEST_DEVICE)  # the GPU under `make test-gpu`, else the interpreter's CPU
+    select_kernels(TEST_DEVICE, torch.float32, "torch").silu_and_mul(x)
+    triton: Kernels = select_kernels(TEST_DEVICE, torch.float32, "triton")
     triton.silu_and_mul(x)
     assert len(calls) == 1 and calls[0] is x
 
