@@ -68,7 +68,10 @@ def tool_use(request: pb.GenerateRequest | pb.TokenizeRequest, tokenizer: Tokeni
             choice = ToolChoice(_TOOL_CHOICE_MODES.get(request.tool_choice.mode, ToolChoiceMode.AUTO))
     if tools and request.WhichOneof("input") != "messages":
         raise ValueError("tools: only a chat (messages) can call tools")
-    return ToolUse.for_model(tools, choice, tokenizer)
+    parallel = True
+    if isinstance(request, pb.GenerateRequest) and request.HasField("parallel_tool_calls"):
+        parallel = request.parallel_tool_calls
+    return ToolUse.for_model(tools, choice, tokenizer, parallel)
 
 
 def with_tools(params: SamplingParams, use: ToolUse) -> SamplingParams:

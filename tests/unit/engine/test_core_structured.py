@@ -8,6 +8,7 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -150,3 +151,26 @@ def test_an_abort_while_the_grammar_compiles(llm: LLM, slow_compiles: threading.
     core.step()
     assert [o.finish_reason for o in outs] == [FinishReason.ABORT]
     assert not core.has_work
+
+
+ENUMS = {"type": "object", "additionalProperties": False, "required": ["color", "size"],
+         "properties": {"color": {"enum": ["red", "green", "blue"]}, "size": {"enum": ["S", "M", "L"]}}}  # fmt: skip
+
+
+@pytest.mark.slow  # ~15 s on 2 idle cores; the same on the fake runner runs in make test
+def test_on_the_default_model_preemption_keeps_constrained_greedy_tokens(default_model_dir: Path) -> None:
+    """Real logits: a constrained request preempted mid-output (recomputed) gives its tokens alone."""
+    words = "the quick brown fox jumps over a lazy dog while seven wizards hum old songs".split()  # noqa: SIM905
+    prompts = [" ".join(words[: 6 + 4 * i]) * 2 for i in range(4)]
+    free = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    shaped = SamplingParams(max_tokens=24, temperature=0.0, constraint=Constraint.json_schema(ENUMS))
+    params = [free, free, shaped, shaped]  # the constrained ones come last: preempted first
+    roomy = LLM(str(default_model_dir), max_model_len=128)
+    alone = [roomy.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params, strict=True)]
+    del roomy
+    tight = LLM(str(default_model_dir), max_model_len=128, num_blocks=8)
+    together = tight.generate(prompts, params)
+    assert [o.token_ids for o in together] == alone
+    assert sum(o.timings.num_preemptions for o in together[2:] if o.timings) > 0
+    assert all(json.loads(o.text)["size"] in "SML" for o in together[2:])
+    tight.core.block_manager.assert_no_leaks()
