@@ -7,8 +7,11 @@ import json
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import jsonschema
@@ -16,6 +19,7 @@ import pytest
 
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.engine import structured
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
 
 PHONE = r"\d{3}-\d{4}"
@@ -177,3 +181,25 @@ def test_infer_client_generate_takes_a_schema_file_or_a_regex(fake_server: Serve
     missing = subprocess.run([*cmd, "--json-schema", str(tmp_path / "nope.json")], capture_output=True, text=True,
                              timeout=120)  # fmt: skip
     assert missing.returncode == 1 and "--json-schema: cannot read" in missing.stderr
+
+
+def test_a_slow_compile_does_not_stall_other_streams(
+    fake_server: ServerThread, fake_stub: pb_grpc.InferenceServiceStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = threading.Event()
+    compile_one = structured._compile
+
+    def slow(backend: Any, constraint: Any) -> Any:
+        assert gate.wait(30)
+        return compile_one(backend, constraint)
+
+    monkeypatch.setattr(structured, "_compile", slow)
+    slow_request = pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(max_tokens=8, regex="[0-9]{4}"))
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(generate, fake_stub, slow_request)
+        free = generate(fake_stub, pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(max_tokens=8)))
+        assert free[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        assert not waiting.done()  # still compiling while the other stream came and went
+        gate.set()
+        assert re.fullmatch("[0-9]{4}", text_of(waiting.result(timeout=60)))
+    fake_server.wait_idle()

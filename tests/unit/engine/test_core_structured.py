@@ -157,7 +157,7 @@ ENUMS = {"type": "object", "additionalProperties": False, "required": ["color", 
          "properties": {"color": {"enum": ["red", "green", "blue"]}, "size": {"enum": ["S", "M", "L"]}}}  # fmt: skip
 
 
-@pytest.mark.slow  # ~15 s on 2 idle cores; the same on the fake runner runs in make test
+@pytest.mark.slow  # loads the model twice; the same test on the fake runner runs in make test
 def test_on_the_default_model_preemption_keeps_constrained_greedy_tokens(default_model_dir: Path) -> None:
     """Real logits: a constrained request preempted mid-output (recomputed) gives its tokens alone."""
     words = "the quick brown fox jumps over a lazy dog while seven wizards hum old songs".split()  # noqa: SIM905
