@@ -195,6 +195,10 @@ class GrammarCompiler:
         self.num_compiled = 0
         self.compile_s_total = 0.0
 
+    def start(self) -> Future[xgr.GrammarCompiler]:
+        """Import xgrammar and read the vocabulary now, on a compile thread (else the first compile does)."""
+        return self._executor.submit(self._compiler)
+
     def submit(self, constraint: Constraint) -> Future[xgr.CompiledGrammar]:
         with self._lock:
             future = self._cache.get(constraint)
