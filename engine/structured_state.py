@@ -60,10 +60,6 @@ class TokenBitmask:
     bits: torch.Tensor  # [num_rows, ceil(vocab / 32)] int32
     rows: list[int]  # the constrained rows
 
-    def row(self, i: int) -> TokenBitmask | None:
-        """The mask of row i alone, as row 0 (the sampler's one-by-one fallback)."""
-        return TokenBitmask(self.bits[i : i + 1], [0]) if i in self.rows else None
-
 
 def apply_bitmask(logits: torch.Tensor, mask: TokenBitmask) -> None:
     """Forbidden tokens to -inf, in place. logits: [num_rows, vocab]."""

@@ -18,7 +18,7 @@ def test_a_short_run_writes_both_reports(default_model_dir: Path, tmp_path: Path
     subprocess.run([sys.executable, str(SCRIPT), *args], check=True, capture_output=True)
     results = json.loads((tmp_path / "structured.json").read_text())
     summary = results["summary"]
-    assert summary["constrained_tok_s"] > 0 and summary["unconstrained_tok_s"] > 0
+    assert summary["constrained_tok_s"] > 0 and summary["unconstrained_tok_s"] > 0 and summary["ratio"] > 0
     assert summary["num_outputs"] == 16 and results["max_tokens"] == 6
     assert set(results["compile"]["schemas"]) == {"nested", "array", "enum", "bounds", "optional"}
     assert results["compile"]["start_ms"] > 0 and results["mask"]["fill_us"] > 0
