@@ -177,6 +177,15 @@ def _compile(compiler: xgr.GrammarCompiler, constraint: Constraint) -> xgr.Compi
     return compiler.compile_grammar(constraint.text)
 
 
+def _allows_a_token(compiled: xgr.CompiledGrammar, vocab_size: int) -> bool:
+    """Whether an output can start: the first step's mask allows some token."""
+    import xgrammar as xgr
+
+    bits = xgr.allocate_token_bitmask(1, vocab_size)
+    xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bits, 0)
+    return bool(bits.any())
+
+
 class GrammarCompiler:
     """Compiles constraints on its own threads; a bounded cache of results keyed by (kind, text).
 
@@ -223,6 +232,8 @@ class GrammarCompiler:
             compiled = _compile(self._compiler(), constraint)
         except RuntimeError as e:  # xgrammar's errors for a schema, regex or grammar it cannot take
             raise compile_error(constraint.kind, e) from None
+        if not _allows_a_token(compiled, self.vocab_size):  # e.g. a JSON schema whose $refs only loop
+            raise ValueError(f"{constraint.kind}: does not compile: no output can match it")
         elapsed_s = time.perf_counter() - started_s
         with self._lock:
             self.num_compiled += 1

@@ -91,6 +91,7 @@ def test_compile_errors_read_as_messages_not_source_positions() -> None:
 # --- compiling
 
 INT_N = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+LOOP = {"$defs": {"x": {"$ref": "#/$defs/y"}, "y": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"}  # refs only
 PAREN = "Regex parsing error at position 3: The parenthesis is not closed"
 
 
@@ -117,6 +118,7 @@ def test_each_kind_compiles_to_what_it_says(
         (Constraint.regex("(("), f"regex: does not compile: {PAREN}"),
         (Constraint.json_schema({"type": "objekt"}), 'json_schema: does not compile: Unsupported type "objekt"'),
         (Constraint.grammar('root ::= "a" | b'), "grammar: does not compile: EBNF parser error at line 1, column"),
+        (Constraint.json_schema(LOOP), "json_schema: does not compile: no output can match it"),
     ],
 )
 def test_a_constraint_that_does_not_compile_fails_with_its_kind(
