@@ -148,6 +148,15 @@ class ServeProcess:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def wait_for_log(self, text: str, timeout_s: float = 30) -> str:
+        """The log so far, once a line holding `text` has been read (health can say SERVING before the reader
+        thread has seen the lines logged just before it)."""
+        deadline = time.monotonic() + timeout_s
+        while not any(text in line for line in self.log):
+            assert time.monotonic() < deadline, f"{text!r} not logged:\n" + "".join(self.log)
+            time.sleep(0.05)
+        return "".join(self.log)
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
