@@ -37,7 +37,7 @@ def _logical_lines(text: str) -> list[str]:
 
 
 def instructions(path: Path = DOCKERFILE) -> list[Instruction]:
-    stage, found = "", []
+    stage, found = "", list[Instruction]()
     for line in _logical_lines(path.read_text()):
         keyword, _, args = line.partition(" ")
         keyword = keyword.upper()
@@ -70,6 +70,14 @@ def stage_env(stage: str) -> dict[str, str]:
             name, _, value = item.partition("=")
             env[name] = _VARIABLE.sub(lambda m: known.get(m[1], m[0]), value)
     return env
+
+
+def index_of(stage: str, keyword: str, needle: str) -> int:
+    """Where the stage's first `keyword` instruction containing `needle` is among all instructions (-1: none)."""
+    for n, i in enumerate(instructions()):
+        if i.stage == stage and i.keyword == keyword and needle in i.args:
+            return n
+    return -1
 
 
 def exec_form(stage: str, keyword: str) -> list[str]:

