@@ -101,7 +101,7 @@ test-gpu: $(GPU_PREREQ)
 		$(BIN)/python benchmarks/kernels.py --dtype bf16 fp16 fp32 && $(BIN)/python benchmarks/cuda.py; \
 	else echo "test-gpu: torch sees no CUDA device; the GPU benchmarks are skipped"; fi
 
-# soak: mixed traffic (slow readers, disconnects, deadlines, invalid) for 10 minutes; writes docs/reliability.md
+# soak: mixed traffic (slow readers, disconnects, deadlines, invalid; hostile inputs in its second half) for 10 minutes; writes docs/reliability.md
 soak: $(DEV_STAMP)
 	$(BIN)/python benchmarks/soak.py
 

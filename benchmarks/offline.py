@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import time
@@ -22,8 +23,6 @@ from offline_peers import PRECISIONS, bench_llama, bench_precisions
 
 from infer import LLM, SamplingParams
 from infer.engine.default_model import default_model_dir
-from infer.kernels import set_kernel_backend
-from infer.kernels.backend import use_cpu_kernels
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 
@@ -235,6 +234,19 @@ def write_report(results: dict[str, Any], out_dir: Path = OUT_DIR) -> None:
     (out_dir / "offline.md").write_text("\n".join(lines))
 
 
+def reference_llm(model_dir: Path) -> LLM:
+    """The engine on the PyTorch reference kernels: INFER_KERNELS=torch while it starts (the backend is chosen then)."""
+    before = os.environ.get("INFER_KERNELS")
+    os.environ["INFER_KERNELS"] = "torch"
+    try:
+        return LLM(str(model_dir), max_model_len=1024)
+    finally:
+        if before is None:
+            del os.environ["INFER_KERNELS"]
+        else:
+            os.environ["INFER_KERNELS"] = before
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--num-requests", type=int, default=64)
@@ -273,15 +285,16 @@ def main() -> None:
     )
     results["bandwidth_gib_s"] = bandwidth / 2**30
     results["bandwidth_ceiling_tok_s"] = bandwidth / weight_bytes
-    results["kernels"] = "compiled CPU kernels" if use_cpu_kernels(torch.empty(0)) else "PyTorch references"
-    if not args.skip_reference and use_cpu_kernels(torch.empty(0)):
-        # the same engine on the references (INFER_KERNELS=torch), in this run: the compiled kernels' gain
-        set_kernel_backend("torch")
-        results["ours_reference_tok_s"] = bench_ours(llm, work)
-        results["batch1_reference_tok_s"] = bench_batch1_decode(llm, work.prompts[0][:128], args.batch1_tokens)
-        set_kernel_backend(None)
+    compiled = llm.core.model_info.kernels == "cpu"
+    results["kernels"] = "compiled CPU kernels" if compiled else "PyTorch references"
     slots = llm.core.config.max_num_seqs
     del llm
+    if not args.skip_reference and compiled:
+        # the same engine on the references (INFER_KERNELS=torch), in this run: the compiled kernels' gain
+        reference = reference_llm(model_dir)
+        results["ours_reference_tok_s"] = bench_ours(reference, work)
+        results["batch1_reference_tok_s"] = bench_batch1_decode(reference, work.prompts[0][:128], args.batch1_tokens)
+        del reference
     batch1_prompt = work.prompts[0][:128]
     if not args.skip_precisions:
         results["precisions"] = bench_precisions(

@@ -20,7 +20,6 @@ import torch
 from infer import LLM, SamplingParams
 from infer.engine.default_model import default_model_dir
 from infer.engine.runner import ModelRunner, SeqWork
-from infer.kernels.backend import use_cpu_kernels
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 PROMPTS = [
@@ -105,7 +104,7 @@ def main() -> None:
         text_ids = llm.tokenizer.encode(TEXT)
         results[name] = {"prefix_tokens": prefix, "equal_share": share, "perplexity": perplexity(llm, text_ids)}
         results["text_tokens"] = len(text_ids)
-        results["kernels"] = "compiled CPU kernels" if use_cpu_kernels(torch.empty(0)) else "PyTorch references"
+        results["kernels"] = "compiled CPU kernels" if llm.core.model_info.kernels == "cpu" else "PyTorch references"
         del llm
     write_report(results, args.out_dir)
     print(json.dumps({k: v for k, v in results.items() if k != "reference"}, indent=2))

@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from infer.engine.config import EngineConfig
 from infer.engine.default_model import default_model_dir
 from infer.engine.loader import load_model
 from infer.engine.models import CausalLM
 from infer.engine.runner import ModelRunner, SeqWork
-from infer.kernels import set_kernel_backend
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "profile.md"
 CONTEXT = 256
@@ -55,7 +55,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
-    model = load_model(default_model_dir(), max_positions=1024)
+    backends = ("torch", "cpu")
+    models = {b: load_model(default_model_dir(), EngineConfig(max_model_len=1024), kernels=b) for b in backends}
     lines = [
         "# Decode-step profile",
         "",
@@ -65,9 +66,8 @@ def main() -> None:
         "",
     ]
     for batch in (1, 64):
-        for backend in ("torch", "cpu"):
-            set_kernel_backend(backend)
-            step_ms, ops = profile_steps(model, batch, args.steps)
+        for backend in backends:
+            step_ms, ops = profile_steps(models[backend], batch, args.steps)
             total = sum(ms for _, ms in ops)
             name = "PyTorch references" if backend == "torch" else "compiled CPU kernels"
             lines += [f"## batch {batch}, {name}: {step_ms:.1f} ms per step", "", "| op | self ms / step | share |"]
@@ -75,7 +75,6 @@ def main() -> None:
             lines += [f"| `{op}` | {ms:.2f} | {100 * ms / total:.0f}% |" for op, ms in ops[: args.top]]
             lines.append("")
             print(f"batch {batch} {backend}: {step_ms:.1f} ms/step", flush=True)
-    set_kernel_backend(None)
     args.out.write_text("\n".join(lines))
 
 

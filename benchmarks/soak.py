@@ -2,8 +2,11 @@
 
 The traffic, over both front doors: whole streams, slow readers, clients that disconnect mid-stream,
 deadlines too short to finish, invalid requests; the KV pool is small enough that requests get preempted.
+From --hostile-from of the run on, a share of the requests are hostile (`soak_hostile.py`: deep JSON, key
+floods, bad header bytes, cross-site posts, underflowing floats, huge chats, stalled headers, idle sockets).
 Every window of the run records outcomes, P99 time to first token and the server's RSS. At the end the
-server must be idle with every KV block free. Writes docs/reliability.md and docs/reliability.json.
+server must be idle with every KV block free, and its RSS flat after warm-up. Writes docs/reliability.md
+and docs/reliability.json.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Any
 
 import grpc
 import httpx
+import soak_hostile
+from soak_hostile import Doors, hostile_client
 
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
@@ -35,7 +40,9 @@ KINDS = ("whole", "slow", "disconnect", "deadline", "invalid", "http", "http_dis
 EXPECTED = {  # outcomes that are right for each kind of client
     "whole": {"OK"}, "slow": {"OK"}, "disconnect": {"CANCELLED"}, "deadline": {"OK", "DEADLINE_EXCEEDED"},
     "invalid": {"INVALID_ARGUMENT"}, "http": {"200"}, "http_disconnect": {"disconnected"},
+    **soak_hostile.EXPECTED,
 }  # fmt: skip
+RSS_TOLERANCE_MIB = 64.0  # RSS may move this much (or 5%) after warm-up and still count as flat
 
 
 @dataclass
@@ -43,6 +50,7 @@ class Window:
     """What one slice of the run saw."""
 
     start_s: float
+    phase: str = "normal"
     outcomes: Counter[str] = field(default_factory=Counter)
     ttfts_s: list[float] = field(default_factory=list)
     rss_mib: float = 0.0
@@ -109,28 +117,36 @@ async def _http_client(http: httpx.AsyncClient, kind: str, rng: random.Random) -
 async def _worker(args: argparse.Namespace, ports: dict[str, int], windows: list[Window], seed: int) -> None:
     rng = random.Random(seed)
     deadline = time.monotonic() + args.minutes * 60
+    doors = Doors("127.0.0.1", ports["http"], ports["metrics"])
+    options = [("grpc.max_send_message_length", 8 << 20)]
     async with (
-        grpc.aio.insecure_channel(f"127.0.0.1:{ports['grpc']}") as channel,
+        grpc.aio.insecure_channel(f"127.0.0.1:{ports['grpc']}", options=options) as channel,
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports['http']}", timeout=300) as http,
     ):
         stub = pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
         while time.monotonic() < deadline:
-            kind = rng.choice(KINDS)
             window = windows[-1]
-            if kind.startswith("http"):
-                outcome = await _http_client(http, kind, rng)
+            if window.phase == "hostile" and rng.random() < args.hostile_share:
+                kind = rng.choice(soak_hostile.KINDS)
+                outcome = await hostile_client(http, stub, doors, kind, rng)
             else:
-                outcome = await _grpc_client(stub, kind, rng, window)
+                kind = rng.choice(KINDS)
+                if kind.startswith("http"):
+                    outcome = await _http_client(http, kind, rng)
+                else:
+                    outcome = await _grpc_client(stub, kind, rng, window)
             window.outcomes[f"{kind}:{outcome}"] += 1
 
 
-async def _sample(pid: int, windows: list[Window], window_s: float, stop: asyncio.Event) -> None:
+async def _sample(pid: int, windows: list[Window], args: argparse.Namespace, stop: asyncio.Event) -> None:
+    hostile_from_s = windows[0].start_s + args.hostile_from * args.minutes * 60
     while not stop.is_set():
         windows[-1].rss_mib = _rss_mib(pid)
         try:
-            await asyncio.wait_for(stop.wait(), window_s)
+            await asyncio.wait_for(stop.wait(), args.window_s)
         except TimeoutError:
-            windows.append(Window(time.monotonic()))
+            now = time.monotonic()
+            windows.append(Window(now, "hostile" if now >= hostile_from_s - 1e-3 else "normal"))
 
 
 def _kv_blocks_used(metrics_port: int) -> float:
@@ -158,12 +174,12 @@ def _start_server(args: argparse.Namespace, ports: dict[str, int]) -> subprocess
 def run(args: argparse.Namespace) -> dict[str, Any]:
     ports = {"grpc": _free_port(), "http": _free_port(), "metrics": _free_port()}
     server = _start_server(args, ports)
-    windows = [Window(time.monotonic())]
+    windows = [Window(time.monotonic(), "hostile" if args.hostile_from <= 0 else "normal")]
     try:
 
         async def main() -> None:
             stop = asyncio.Event()
-            sampler = asyncio.create_task(_sample(server.pid, windows, args.window_s, stop))
+            sampler = asyncio.create_task(_sample(server.pid, windows, args, stop))
             await asyncio.gather(*(_worker(args, ports, windows, seed) for seed in range(args.streams)))
             stop.set()
             await sampler
@@ -177,37 +193,75 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return _report(args, windows, blocks_used, exit_code)
 
 
+def _phase_verdict(phase: str, rss_mib: list[float], warmup_windows: int) -> tuple[bool, str]:
+    after = [x for x in rss_mib[warmup_windows:] if x > 0]
+    if len(after) < 2:
+        return False, f"{phase}: too few windows after its {warmup_windows} warm-up windows to tell"
+    base, peak = after[0], max(after)
+    tolerance = max(RSS_TOLERANCE_MIB, 0.05 * base)
+    is_flat = peak - base <= tolerance
+    verdict = "flat" if is_flat else "GROWING"
+    return is_flat, f"{phase}: {base:.0f} MiB after warm-up, peak {peak:.0f} MiB ({peak - base:+.0f}): {verdict}"
+
+
+def rss_verdict(rss_mib: list[float], phases: list[str], warmup_windows: int) -> tuple[bool, str]:
+    """Flat: in each phase, after its first warmup_windows windows, RSS stays within RSS_TOLERANCE_MIB (or 5%).
+
+    NOTE: each phase warms up on its own: the hostile one's 50,000-key bodies and 5,000-message chats raise the
+    allocator's high-water mark once; a leak grows in every window.
+    """
+    verdicts = [_phase_verdict(phase, [x for x, p in zip(rss_mib, phases, strict=True) if p == phase],
+                               warmup_windows) for phase in dict.fromkeys(phases)]  # fmt: skip
+    is_flat = all(flat for flat, _ in verdicts)
+    sampled = [x for x in rss_mib if x > 0]
+    whole = f"whole run {sampled[0]:.0f} → {sampled[-1]:.0f} MiB" if sampled else "not sampled"
+    return is_flat, "; ".join([*(text for _, text in verdicts), whole])
+
+
 def _report(args: argparse.Namespace, windows: list[Window], blocks_used: float, exit_code: int) -> dict[str, Any]:
     total: Counter[str] = sum((w.outcomes for w in windows), Counter())
     unexpected = {k: n for k, n in total.items() if k.split(":", 1)[1] not in EXPECTED[k.split(":", 1)[0]]}
+    is_flat, rss_text = rss_verdict([w.rss_mib for w in windows], [w.phase for w in windows], args.warmup_windows)
+    hostile = [w for w in windows if w.phase == "hostile"]
     return {
         "streams": args.streams, "minutes": args.minutes, "num_blocks": args.num_blocks,
+        "hostile_from_s": round(hostile[0].start_s - windows[0].start_s, 1) if hostile else None,
+        "hostile_share": args.hostile_share, "warmup_windows": args.warmup_windows,
         "outcomes": dict(sorted(total.items())), "unexpected": unexpected, "kv_blocks_used_after": blocks_used,
-        "server_exit_code": exit_code, "cpu": os.cpu_count(),
-        "windows": [{"t_s": round(w.start_s - windows[0].start_s, 1), "requests": sum(w.outcomes.values()),
-                     "p99_ttft_s": round(w.p99_ttft_s(), 3), "rss_mib": round(w.rss_mib, 1)} for w in windows],
+        "rss_flat": is_flat, "rss_verdict": rss_text, "server_exit_code": exit_code, "cpu": os.cpu_count(),
+        "windows": [{"t_s": round(w.start_s - windows[0].start_s, 1), "phase": w.phase,
+                     "requests": sum(w.outcomes.values()), "p99_ttft_s": round(w.p99_ttft_s(), 3),
+                     "rss_mib": round(w.rss_mib, 1)} for w in windows],
     }  # fmt: skip
 
 
 def _markdown(result: dict[str, Any]) -> str:
     w = result["windows"]
-    rss = [x["rss_mib"] for x in w if x["rss_mib"]]
+    hostile = (f"From {result['hostile_from_s']} s on (the hostile phase), {result['hostile_share']:.0%} of the "
+               "requests are hostile (`benchmarks/soak_hostile.py`): JSON nested 10,000 deep, 50,000 unknown keys, "
+               "header bytes gRPC cannot carry, cross-site text/plain posts, sampling values that underflow "
+               "float32 (with logprobs), chats of 5,000 messages over HTTP and gRPC, request headers that never "
+               "finish, idle sockets on the metrics port. Each kind has its expected answer (400, 200, 200, 403, "
+               "200 or 422 without NaN, 400 or 422 / INVALID_ARGUMENT, 408, closed); docs/security.md lists "
+               "the bounds behind them."
+               if result["hostile_from_s"] is not None else "No hostile phase in this run.")  # fmt: skip
     lines = [
         "# Reliability: soak run", "",
         f"`make soak`: {result['streams']} concurrent clients for {result['minutes']} min against `infer serve` "
         f"(KV pool of {result['num_blocks']} blocks, so requests are preempted), mixing whole streams, slow "
-        "readers, mid-stream disconnects (gRPC and HTTP), too-short deadlines and invalid requests.", "",
+        "readers, mid-stream disconnects (gRPC and HTTP), too-short deadlines and invalid requests.", "", hostile, "",
         f"- unexpected outcomes: {result['unexpected'] or 'none'}",
         f"- KV blocks in use after the run: {result['kv_blocks_used_after']:g} (must be 0)",
-        f"- server RSS: {rss[0]:.0f} MiB in the first window, {rss[-1]:.0f} MiB in the last "
-        f"({rss[-1] - rss[0]:+.0f} MiB)" if rss else "- server RSS: not sampled",
+        f"- server RSS: {result['rss_verdict']}",
         f"- SIGTERM at the end: exit code {result['server_exit_code']}", "",
         "The verdict lines must hold on any machine; the TTFT column depends on the machine's load (a window "
         "that admits a burst of long prompts behind a preemption shows it), the RSS column on the allocator: "
-        "growth that flattens after the first windows is warm-up, growth in every window a leak.", "",
+        f"growth that flattens after the first {result['warmup_windows']} windows of a phase is warm-up (flat: "
+        f"within {RSS_TOLERANCE_MIB:.0f} MiB or 5% after it), growth in every window a leak. RSS is sampled at "
+        "each window's start, and once more at the end.", "",
         "| outcome | count |", "|---|---|", *(f"| {k} | {n} |" for k, n in result["outcomes"].items()), "",
-        "| window start (s) | requests | P99 TTFT (s) | RSS (MiB) |", "|---|---|---|---|",
-        *(f"| {x['t_s']} | {x['requests']} | {x['p99_ttft_s']} | {x['rss_mib']} |" for x in w), "",
+        "| window start (s) | phase | requests | P99 TTFT (s) | RSS (MiB) |", "|---|---|---|---|---|",
+        *(f"| {x['t_s']} | {x['phase']} | {x['requests']} | {x['p99_ttft_s']} | {x['rss_mib']} |" for x in w), "",
     ]  # fmt: skip
     return "\n".join(lines)
 
@@ -228,6 +282,14 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--window-s", type=float, default=60.0, help="seconds per reported window")
     parser.add_argument("--num-blocks", type=int, default=160, help="KV pool: small, to force preemption")
+    parser.add_argument(
+        "--hostile-from",
+        type=float,
+        default=0.5,
+        help="hostile requests join from the first window past this share of the run (1 = never)",
+    )
+    parser.add_argument("--hostile-share", type=float, default=0.25, help="share of hostile requests in that phase")
+    parser.add_argument("--warmup-windows", type=int, default=2, help="windows of each phase before RSS must stay flat")
     parser.add_argument("--out-dir", type=Path, default=DOCS)
     args = parser.parse_args()
     result = run(args)
@@ -238,6 +300,7 @@ def main() -> int:
     report.write_text(_markdown(result) + kept)
     print(_markdown(result))
     ok = not result["unexpected"] and result["kv_blocks_used_after"] == 0 and result["server_exit_code"] == 0
+    ok = ok and result["rss_flat"]
     return 0 if ok else 1
 
 

@@ -2,10 +2,18 @@
 
 secure = ClientTls(ca_file="ca.pem")               # trust this CA; ClientTls() trusts the system's roots
 with InferClient("infer.example:50051", tls=secure, api_key="...") as client: ...
+
+Every channel balances round robin over the addresses its target resolves to and retries a call that fails
+UNAVAILABLE before any response (a replica that is loading, draining or gone). Given several servers
+(`ipv4:10.0.0.1:50051,10.0.0.2:50051`, or a `dns:///name:port` target, e.g. a headless Service), it also
+watches each one's grpc.health.v1 status and sends nothing to one that is NOT_SERVING: a client pinned to a
+draining replica moves to the others.
 """
 
 from __future__ import annotations
 
+import json
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +21,21 @@ from typing import Any
 
 import grpc
 
+from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.clients.types import SERVICE_NAME
+
 Metadata = Sequence[tuple[str, str]]
+MAX_ATTEMPTS, INITIAL_BACKOFF_S, MAX_BACKOFF_S, BACKOFF_MULTIPLIER = 5, 0.1, 2.0, 2
+# NOTE: gRPC retries a call only until its first response arrives: a stream that has started is never replayed
+RETRY_POLICY = {
+    "maxAttempts": MAX_ATTEMPTS,
+    "initialBackoff": f"{INITIAL_BACKOFF_S}s",
+    "maxBackoff": f"{MAX_BACKOFF_S}s",
+    "backoffMultiplier": BACKOFF_MULTIPLIER,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+_SERVICE = pb.DESCRIPTOR.services_by_name["InferenceService"]
+UNARY_METHODS = tuple(m.name for m in _SERVICE.methods if not m.server_streaming)
 
 
 def read_file(path: str, what: str) -> bytes:
@@ -61,11 +83,55 @@ class ClientTls:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
 
-def channel(address: str, tls: ClientTls | None = None) -> grpc.Channel:
-    """A blocking channel: plaintext unless `tls`."""
+def is_multi_address(address: str) -> bool:
+    """Whether a target names several servers: an address list (`ipv4:a:p,b:q`) or a `dns:` name."""
+    return address.startswith("dns:") or "," in address
+
+
+def service_config(address: str, retry_streams: bool = True) -> dict[str, Any]:
+    """The channel's gRPC service config: round robin, retries of UNAVAILABLE (of every method, or of the unary
+    ones only), and client-side health checking of each server when the target names several (with one, a
+    NOT_SERVING server would hide its own reason)."""
+    names = (
+        [{"service": SERVICE_NAME}]
+        if retry_streams
+        else [{"service": SERVICE_NAME, "method": m} for m in UNARY_METHODS]
+    )
+    config: dict[str, Any] = {
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "methodConfig": [{"name": names, "retryPolicy": RETRY_POLICY}],
+    }
+    if is_multi_address(address):
+        config["healthCheckConfig"] = {"serviceName": SERVICE_NAME}
+    return config
+
+
+def retry_backoff_s(retry: int) -> float:
+    """How long to wait before retry number `retry` (1, 2, ...), as gRPC's retry policy does: a random time up
+    to the initial backoff times the multiplier per earlier retry, capped."""
+    return random.uniform(0, min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * BACKOFF_MULTIPLIER ** (retry - 1)))
+
+
+def channel_options(
+    address: str, options: Sequence[tuple[str, Any]] = (), retry_streams: bool = True
+) -> list[tuple[str, Any]]:
+    """gRPC channel args for `address`: the service config, then `options` (which win)."""
+    config = json.dumps(service_config(address, retry_streams))
+    defaults = [("grpc.service_config", config), ("grpc.enable_retries", 1)]
+    names = {name for name, _ in options}
+    return [*(o for o in defaults if o[0] not in names), *options]
+
+
+def channel(address: str, tls: ClientTls | None = None, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+    """A blocking channel: plaintext unless `tls`; `options`: gRPC channel args.
+
+    NOTE: gRPC's retries of its streaming calls are off here (InferClient retries Generate itself): with grpcio
+    1.85, a blocking server-streaming call whose retry spans the server's GOAWAY never returns, past its deadline.
+    """
     if tls is None:
-        return grpc.insecure_channel(address)
-    return grpc.secure_channel(address, tls.credentials(), options=tls.options())
+        return grpc.insecure_channel(address, options=channel_options(address, options, retry_streams=False))
+    all_options = channel_options(address, [*tls.options(), *options], retry_streams=False)
+    return grpc.secure_channel(address, tls.credentials(), options=all_options)
 
 
 def aio_channel(
@@ -73,8 +139,10 @@ def aio_channel(
 ) -> grpc.aio.Channel:
     """An asyncio channel (belongs to the running loop): plaintext unless `tls`; `options`: gRPC channel args."""
     if tls is None:
-        return grpc.aio.insecure_channel(address, options=list(options))
-    return grpc.aio.secure_channel(address, tls.credentials(), options=[*tls.options(), *options])
+        return grpc.aio.insecure_channel(address, options=channel_options(address, options))
+    return grpc.aio.secure_channel(
+        address, tls.credentials(), options=channel_options(address, [*tls.options(), *options])
+    )
 
 
 def with_api_key(metadata: Metadata, api_key: str | None) -> Metadata:

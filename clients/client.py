@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from infer.clients.channel import ClientTls, aio_channel, channel, with_api_key
+from infer.clients.channel import MAX_ATTEMPTS, ClientTls, aio_channel, channel, retry_backoff_s, with_api_key
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.clients.types import (
@@ -68,17 +68,32 @@ class InferClient:
         timeout_s: float | None = None,
         metadata: Metadata = (),
     ) -> Iterator[Chunk]:
-        """Stream chunks as the server generates them (usually one token each)."""
+        """Stream chunks as the server generates them (usually one token each).
+
+        A stream refused UNAVAILABLE before its first chunk (a server loading, draining or gone) is retried, up
+        to 4 times with backoff, as the channel retries the unary calls (`infer.clients.channel`).
+        """
         request = generate_request(prompt, sampling, request_id)
         metadata = with_api_key(metadata, self.api_key)
-        call = self._stub.Generate(request, timeout=timeout_s or self.timeout_s, metadata=metadata)
-        try:
-            for response in call:
-                yield Chunk.from_proto(response)
-        except grpc.RpcError as e:
-            raise InferError.from_rpc_error(e) from None
-        finally:
-            call.cancel()  # a no-op when the stream ended; aborts the request when the caller left early
+        timeout_s = timeout_s or self.timeout_s
+        deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            left_s = None if deadline_s is None else max(0.0, deadline_s - time.monotonic())
+            call = self._stub.Generate(request, timeout=left_s, metadata=metadata)
+            started = False
+            try:
+                for response in call:
+                    started = True
+                    yield Chunk.from_proto(response)
+                return
+            except grpc.RpcError as e:
+                retry_s = retry_backoff_s(attempt)
+                late = deadline_s is not None and time.monotonic() + retry_s >= deadline_s
+                if started or e.code() is not grpc.StatusCode.UNAVAILABLE or attempt == MAX_ATTEMPTS or late:
+                    raise InferError.from_rpc_error(e) from None
+            finally:
+                call.cancel()  # a no-op when the stream ended; aborts the request when the caller left early
+            time.sleep(retry_s)
 
     def complete(self, prompt: Prompt, sampling: Sampling | None = None, **kwargs: Any) -> Completion:
         completion = Completion()

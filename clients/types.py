@@ -137,10 +137,12 @@ class ModelInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     has_chat_template: bool
+    kernels: str = ""  # the server's kernel backend: torch, cpu or triton ("" when it does not say)
 
     @classmethod
     def from_proto(cls, r: pb.GetModelInfoResponse) -> ModelInfo:
-        return cls(r.model_id, r.max_model_len, r.vocab_size, tuple(r.eos_token_ids), r.has_chat_template)
+        return cls(r.model_id, r.max_model_len, r.vocab_size, tuple(r.eos_token_ids), r.has_chat_template,
+                   r.kernels)  # fmt: skip
 
 
 def _chat(messages: Sequence[Mapping[str, str]]) -> pb.ChatMessages:

@@ -14,13 +14,19 @@ from collections.abc import Callable, Sequence
 from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore
 from infer.engine.interface import ModelInfo
-from infer.engine.request import RequestOutput
+from infer.engine.request import FinishReason, RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.stats import EngineStats
 from infer.engine.stream import RequestStream
 from infer.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+WARMUP_MAX_TOKENS = 8  # the warm-up's greedy decode: several steps, as a real request takes
+
+
+class WarmupError(RuntimeError):
+    """The warm-up request failed: the engine cannot serve (the server must not report SERVING)."""
 
 
 class AsyncEngine:
@@ -137,14 +143,24 @@ class AsyncEngine:
         self.core.abort(request_id)
 
     async def warmup(self) -> None:
-        """A prefill of half a step's budget and one decode step: the kernels are warm, and the prefill rate
-        that predicts time to first token (deadline admission) is measured before the first real request."""
+        """One greedy request the way a real one runs (`generate`: validation, scheduler, runner, sampler,
+        detokenizer): a prefill of half a step's budget, then a decode of a few tokens. The kernels are warm,
+        the prefill rate that predicts time to first token (deadline admission) is measured, and a path that
+        fails (a kernel that cannot load, one that fails only on a later call) fails here, before the server
+        reports SERVING: WarmupError."""
         cfg = self.config
+        max_tokens = max(1, min(WARMUP_MAX_TOKENS, cfg.max_model_len // 2))
+        num_prefill = max(1, min(cfg.max_num_batched_tokens // 2, cfg.max_model_len - max_tokens))
         hello = self.tokenizer.encode("Hello") or [0]
-        num_prefill = max(1, min(cfg.max_num_batched_tokens // 2, cfg.max_model_len - 2))
-        params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-        async for _ in self.generate((hello * num_prefill)[:num_prefill], params, f"warmup-{uuid.uuid4().hex}"):
-            pass
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        num_tokens = 0
+        async with self.generate((hello * num_prefill)[:num_prefill], params, f"warmup-{uuid.uuid4().hex}") as stream:
+            async for out in stream:
+                if out.finish_reason is FinishReason.ERROR:
+                    raise WarmupError(f"the warm-up request failed: {out.error}")
+                num_tokens += len(out.token_ids)
+        if num_tokens != max_tokens:
+            raise WarmupError(f"the warm-up request generated {num_tokens} of {max_tokens} tokens")
 
     def shutdown(self) -> None:
         self._stopped.set()

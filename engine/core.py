@@ -84,14 +84,14 @@ class EngineCore:
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
         """Load the model directory `config.model` names (the default model when None)."""
-        from infer.engine.loader import load_model, load_model_config
+        from infer.engine.loader import load_model
         from infer.engine.runner import ModelRunner, kv_cache_bytes_per_block
 
         model_dir = resolve_model_dir(config.model)
-        model_config = load_model_config(model_dir)
+        model = load_model(model_dir, config)
+        model_config = model.cfg
         config = config.for_model(model_config.max_position_embeddings)
         tokenizer = Tokenizer.from_dir(model_dir)
-        model = load_model(model_dir, config.torch_dtype, config.device, config.max_model_len, config.quantization)
         block_bytes = kv_cache_bytes_per_block(model, config.block_size, config.torch_dtype)
         num_blocks = config.num_blocks or config.kv_cache_memory_bytes // block_bytes
         info = ModelInfo(
@@ -100,6 +100,7 @@ class EngineCore:
             vocab_size=model_config.vocab_size,
             eos_token_ids=tuple(sorted(tokenizer.eos_token_ids | frozenset(model_config.eos_token_ids))),
             has_chat_template=tokenizer.chat_template is not None,
+            kernels=model.kernels.name,
         )
         return cls(config, ModelRunner(model, num_blocks, config.block_size), tokenizer, info)
 

@@ -26,6 +26,7 @@ class ModelInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]  # sorted; generation stops at any of them unless ignore_eos
     has_chat_template: bool
+    kernels: str = ""  # the kernel backend the model runs on (torch | cpu | triton, as INFER_KERNELS names them)
 
 
 class EngineClient(Protocol):
@@ -61,7 +62,8 @@ class EngineClient(Protocol):
         ...
 
     async def warmup(self) -> None:
-        """Run one small request so the first real one finds the kernels warm and the rates measured."""
+        """Run one small greedy request through the path real ones take, so the first real one finds the kernels
+        warm and the rates measured; raises (WarmupError) when it fails."""
         ...
 
     def shutdown(self) -> None: ...

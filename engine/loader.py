@@ -1,27 +1,20 @@
-"""Load a Hugging Face model directory: config, safetensors weights (one file or sharded)."""
+"""Load a Hugging Face model directory: `load_model` reads `config.json` once, chooses the kernel backend for the
+device and dtype, builds the model, fills it from the safetensors weights (one file or sharded), places it and
+quantizes it."""
 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
+from infer.engine.config import EngineConfig
 from infer.engine.model_config import ModelConfig, parse_model_config
-from infer.engine.models import CausalLM
-from infer.engine.models.quantize import quantize_model
-from infer.engine.models.weights import Target, checkpoint_to_params, convert_tensor
-from infer.kernels.cpu import cpu_flags
-
-logger = logging.getLogger(__name__)
-
-
-def cpu_has_bf16_dot() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), so bf16 weights pay off."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+from infer.engine.models import CausalLM, Target, checkpoint_target, convert_tensor
+from infer.kernels import select_kernels
 
 
 class ModelLoadError(ValueError):
@@ -74,44 +67,52 @@ def _copy_into(param: torch.Tensor, target: Target, tensor: torch.Tensor, name: 
     dest.copy_(tensor)
 
 
+def _target(cfg: ModelConfig, name: str, params: dict[str, torch.nn.Parameter], path: Path) -> Target | None:
+    """Where tensor `name` of file `path` goes (None: skip it); ModelLoadError for one the model does not have."""
+    unexpected = ModelLoadError(f"unexpected tensor {name!r} in {path.name} for {cfg.model_type}")
+    try:
+        target = checkpoint_target(cfg, name)
+    except ValueError:
+        raise unexpected from None
+    if target is not None and target.param not in params:
+        raise unexpected
+    return target
+
+
 def _load_weights(model: CausalLM, files: list[Path]) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     rows_loaded: dict[str, int] = dict.fromkeys(params, 0)
     for path in files:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                target = checkpoint_to_params(model.cfg, name)
-                if target is False:
+                target = _target(model.cfg, name, params, path)
+                if target is None:
                     continue
-                if target is None or target is True or target.param not in params:
-                    arch = model.cfg.model_type
-                    raise ModelLoadError(f"unexpected tensor {name!r} in {path.name} for {arch}")
                 tensor = convert_tensor(model.cfg, target, f.get_tensor(name))
                 _copy_into(params[target.param], target, tensor, name)
                 rows_loaded[target.param] += target.num_rows or params[target.param].shape[0]
     if model.cfg.tie_word_embeddings:
-        rows_loaded["lm_head"] = rows_loaded["embed_tokens"]
+        rows_loaded["lm_head.weight"] = rows_loaded["embed_tokens"]
     missing = [n for n, p in params.items() if rows_loaded[n] != p.shape[0]]
     if missing:
         raise ModelLoadError(f"weights missing from checkpoint: {', '.join(sorted(missing)[:5])}")
 
 
-def load_model(
-    model_dir: str | Path,
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-    max_positions: int | None = None,
-    quantization: str = "none",
-) -> CausalLM:
-    """Build the model a directory describes and fill it from its safetensors files (then quantize it)."""
-    model_dir = Path(model_dir)
+def load_model(model_dir: str | Path, config: EngineConfig | None = None, kernels: str | None = None) -> CausalLM:
+    """The model a directory describes, loaded for `config` (its device, dtype, max_model_len and quantization;
+    the defaults when None) on the kernel backend `kernels` names (None: INFER_KERNELS), chosen here, once.
+
+    `config.json` is read once; `model.cfg` is what it says. ValueError when `config.max_model_len` is more
+    than the model's positions (before any weight is read), ModelLoadError for a directory we cannot load.
+    """
+    model_dir, config = Path(model_dir), config or EngineConfig()
     if not model_dir.is_dir():
         raise ModelLoadError(f"model directory not found: {model_dir}")
     cfg = load_model_config(model_dir)
+    max_model_len = config.for_model(cfg.max_position_embeddings).max_model_len
     files = weight_files(model_dir)
-    if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not cpu_has_bf16_dot():
-        logger.warning("this CPU has no bf16 dot products (avx512_bf16/amx_bf16): bf16 runs slower than fp32")
+    backend = select_kernels(config.device, config.torch_dtype, kernels)
     with torch.device("cpu"):
-        model = CausalLM(cfg, max_positions=max_positions)
+        model = CausalLM(cfg, backend, max_positions=max_model_len)
     _load_weights(model, files)
-    return quantize_model(model.to_device(torch.device(device), dtype).eval(), quantization)
+    return model.to_device(torch.device(config.device), config.torch_dtype).eval().quantize(config.quantization)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infer.kernels.rotary import RopeConfig
+from infer.kernels import RopeConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "gemma3_text", "gemma3")
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-from infer import kernels
 from infer.engine.models import CausalLM, StepInput
 from infer.kernels import AttentionMetadata
 
@@ -37,6 +36,7 @@ def kv_cache_bytes_per_block(model: CausalLM, block_size: int, dtype: torch.dtyp
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int) -> None:
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
+        self.kernels = model.kernels
         self.sliding_windows = frozenset(model.sliding_windows)
         cfg, weight = model.cfg, model.embed_tokens
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
@@ -66,7 +66,7 @@ class ModelRunner:
         for n in query_lens:
             starts.append(starts[-1] + n)
         dev = self.device
-        attn = AttentionMetadata(
+        plain = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
@@ -74,12 +74,13 @@ class ModelRunner:
             query_lens=query_lens,
             context_lens=context_lens,
         )
+        # the backend's per-step work, once for all layers (the reference attention's plan)
+        attn = self.kernels.prepare_attention(plain, self.kv_caches[0][0], self.sliding_windows)
         positions_t = torch.tensor(positions, dtype=torch.int64, device=dev)
         step = StepInput(
             input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
             positions=positions_t,
             attn=attn,
-            attn_plan=kernels.plan_attention(attn, self.kv_caches[0][0], self.sliding_windows),
             rope=self.model.rope_angles(positions_t),
             kv_caches=self.kv_caches,
         )

@@ -1,35 +1,25 @@
-"""Kernels behind one interface each: PyTorch references (the CPU path), Triton on CUDA.
+"""Kernels behind one interface, `Kernels`: one backend chosen once per device and dtype (`select_kernels`).
 
-`INFER_KERNELS=auto|torch|triton` chooses the implementation (see `backend`).
+Backends: the PyTorch references (any device), the compiled CPU kernels, Triton (CUDA).
+`INFER_KERNELS=auto|torch|cpu|triton` picks one (see `backend`). This module is the
+interface models import; the rest of the package is the backends' insides.
 """
 
-from infer.kernels.attention import AttentionMetadata, AttentionPlan, AttentionSpec
-from infer.kernels.backend import kernel_backend, set_kernel_backend
-from infer.kernels.dispatch import (
-    apply_rotary,
-    fused_add_rms_norm,
-    gelu_tanh_and_mul,
-    paged_attention,
-    plan_attention,
-    rms_norm,
-    silu_and_mul,
-)
+from infer.kernels.attention import AttentionMetadata, AttentionSpec
+from infer.kernels.backend import BACKENDS, select_kernels
+from infer.kernels.int8 import Int8Weight
+from infer.kernels.interface import Kernels, LinearWeight
 from infer.kernels.rotary import RopeConfig, RotaryAngles, cos_sin_cache
 
 __all__ = [
+    "BACKENDS",
     "AttentionMetadata",
-    "AttentionPlan",
     "AttentionSpec",
+    "Int8Weight",
+    "Kernels",
+    "LinearWeight",
     "RopeConfig",
     "RotaryAngles",
-    "apply_rotary",
     "cos_sin_cache",
-    "fused_add_rms_norm",
-    "gelu_tanh_and_mul",
-    "kernel_backend",
-    "paged_attention",
-    "plan_attention",
-    "rms_norm",
-    "set_kernel_backend",
-    "silu_and_mul",
+    "select_kernels",
 ]

@@ -1,48 +1,42 @@
-"""Which implementation runs a kernel: Triton, the compiled CPU kernels or the PyTorch references.
+"""Choosing the kernel backend, once, for the device and dtype the engine runs on.
 
-`INFER_KERNELS` picks one for the whole process (read at the first kernel call):
+`INFER_KERNELS` (or the `name` a caller passes) picks it:
 
-- unset or `auto`: Triton for CUDA tensors when `triton` is installed; the compiled
-  CPU kernels (`kernels/cpu.py`) for CPU tensors when `make setup` built them for
-  this machine; the references for everything else;
-- `torch`: always the references;
-- `cpu`: the compiled CPU kernels for CPU tensors; an error when they are not built;
-- `triton`: always Triton. On a machine without CUDA this only works under
-  Triton's interpreter (`TRITON_INTERPRET=1`, set before the kernels are
-  imported), which is how the tests run the kernels on the CPU.
+- unset or `auto`: on CUDA, Triton when `triton` is installed; on the CPU, the
+  compiled CPU kernels (`cpu.py`) when `make setup` built them for this
+  machine; the PyTorch references otherwise;
+- `torch`: the references, on any device;
+- `cpu`: the compiled CPU kernels; an error when they are not built or the device is not the CPU;
+- `triton`: Triton. Off CUDA this works only under Triton's interpreter
+  (`TRITON_INTERPRET=1`, set before the kernels are imported), which is how
+  the tests run the kernels on the CPU.
+
+The choice is logged, and the engine reports it (`ModelInfo.kernels`).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import os
 
 import torch
 
 from infer.kernels import cpu
+from infer.kernels.compiled import CompiledCpuKernels
+from infer.kernels.interface import Kernels
+from infer.kernels.reference import ReferenceKernels
 
-BACKENDS = ("auto", "torch", "triton", "cpu")
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "torch", "cpu", "triton")
 _TRUE = ("1", "true", "yes", "on", "y")
-
-_selected: str | None = None
 
 
 def is_interpreted() -> bool:
     """True when Triton kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRUE
-
-
-def _check(name: str) -> str:
-    if name not in BACKENDS:
-        raise ValueError(f"INFER_KERNELS={name!r}: expected one of {', '.join(BACKENDS)}")
-    if name == "triton" and not triton_installed():
-        raise RuntimeError("INFER_KERNELS=triton but the `triton` package is not installed")
-    if name == "triton" and not torch.cuda.is_available() and not is_interpreted():
-        raise RuntimeError("INFER_KERNELS=triton needs CUDA, or TRITON_INTERPRET=1 to run kernels on the CPU")
-    if name == "cpu" and not cpu.load():
-        raise RuntimeError(f"INFER_KERNELS=cpu but the compiled CPU kernels are not built ({cpu.library_path()})")
-    return name
 
 
 @functools.cache
@@ -51,27 +45,51 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def kernel_backend() -> str:
-    """The backend in force: `auto`, `torch`, `triton` or `cpu` (INFER_KERNELS, checked once)."""
-    global _selected
-    if _selected is None:
-        _selected = _check(os.environ.get("INFER_KERNELS", "auto").strip().lower() or "auto")
-    return _selected
+def cpu_has_bf16_dot() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), so bf16 weights pay off."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu.cpu_flags())
 
 
-def set_kernel_backend(name: str | None) -> None:
-    """Force a backend for this process; None goes back to INFER_KERNELS (read at the next call)."""
-    global _selected
-    _selected = None if name is None else _check(name)
+def requested_backend(name: str | None = None) -> str:
+    """`name`, else INFER_KERNELS, else `auto`; ValueError for anything but auto, torch, cpu or triton."""
+    chosen = (os.environ.get("INFER_KERNELS", "") if name is None else name).strip().lower() or "auto"
+    if chosen not in BACKENDS:
+        raise ValueError(f"INFER_KERNELS={chosen!r}: expected one of {', '.join(BACKENDS)}")
+    return chosen
 
 
-def use_triton(x: torch.Tensor) -> bool:
-    """Whether a kernel called on `x` runs in Triton."""
-    backend = kernel_backend()
-    return backend == "triton" or (backend == "auto" and x.is_cuda and triton_installed())
+def _resolve(requested: str, device: torch.device) -> str:
+    """The backend `requested` means on `device`; RuntimeError when it cannot run there."""
+    if requested == "auto":
+        if device.type == "cuda":
+            return "triton" if triton_installed() else "torch"
+        return "cpu" if device.type == "cpu" and cpu.load() else "torch"
+    if requested == "triton" and not triton_installed():
+        raise RuntimeError("INFER_KERNELS=triton but the `triton` package is not installed")
+    if requested == "triton" and device.type != "cuda" and not is_interpreted():
+        raise RuntimeError(f"INFER_KERNELS=triton runs on CUDA, or on {device.type} under TRITON_INTERPRET=1")
+    if requested == "cpu" and device.type != "cpu":
+        raise RuntimeError(f"INFER_KERNELS=cpu runs on device cpu, not {device}")
+    if requested == "cpu" and not cpu.load():
+        raise RuntimeError(f"INFER_KERNELS=cpu but the compiled CPU kernels are not built ({cpu.library_path()})")
+    return requested
 
 
-def use_cpu_kernels(x: torch.Tensor) -> bool:
-    """Whether a kernel called on `x` runs the compiled CPU kernels (loaded at the first such call)."""
-    backend = kernel_backend()
-    return x.device.type == "cpu" and (backend == "cpu" or (backend == "auto" and cpu.load()))
+def _backend_class(name: str) -> type[Kernels]:
+    if name == "triton":
+        # NOTE: imported here, never at module load: the other backends must not import triton
+        from infer.kernels.triton_backend import TritonKernels
+
+        return TritonKernels
+    return CompiledCpuKernels if name == "cpu" else ReferenceKernels
+
+
+def select_kernels(device: torch.device | str, dtype: torch.dtype, name: str | None = None) -> Kernels:
+    """The kernel backend for a device and dtype: `name` or INFER_KERNELS (auto, torch, cpu, triton), once."""
+    device = torch.device(device)
+    requested = requested_backend(name)
+    kernels = _backend_class(_resolve(requested, device))(device, dtype)
+    logger.info("kernels: %s (asked for %s)", kernels, requested)
+    if dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_bf16_dot():
+        logger.warning("this CPU has no bf16 dot products (avx512_bf16/amx_bf16): bf16 runs slower than fp32")
+    return kernels

@@ -1,4 +1,4 @@
-"""The compiled CPU kernels: where they are built, and loading them at the first CPU call.
+"""The compiled CPU kernels: where they are built, loading them, and thin wrappers over their ops.
 
 The C++ sources in `kernels/csrc/` (package data: they ship in the wheel) are
 built ahead of time by `python -m infer.kernels.cpu_build` (run by `make setup`
@@ -6,8 +6,9 @@ and `make test`) with `-march=native` for the machine that builds them, or with
 `--portable` for a set of x86-64 feature levels (an image built on one CPU runs
 on another). Libraries land in `<cache>/<tag>/`: the native tag hashes the
 sources, the torch version and this CPU's feature flags; a portable tag hashes
-the sources and the torch version and names its level. At the first CPU call the
-native build is loaded if there is one, else the best level this CPU supports.
+the sources and the torch version and names its level. When a backend is
+chosen for the CPU (`backend.select_kernels`, at engine start) the native build
+is loaded if there is one, else the best level this CPU supports.
 A changed source, another CPU without a matching level, missing sources or a
 library that does not load: the PyTorch references run instead, and the log
 says so once. Nothing here raises into a request.

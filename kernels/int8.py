@@ -1,5 +1,7 @@
 """Weight-only int8 linear layers: per-output-channel symmetric quantization, packing, the reference.
 
+The compiled CPU backend runs `torch.ops.infer_cpu.int8_linear` on an `Int8Weight`; the others this reference.
+
 A weight `[N, K]` becomes int8 `q` and fp32 `scale[N]` with `w ~ scale[:, None] * q`,
 `scale = max|w_row| / 127`. The compiled kernel (`csrc/int8_linear.cpp`) reads
 `q` packed as `[N_pad / 16, K_pad / 2, 16, 2]`: strips of 16 output channels, k in
@@ -14,8 +16,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-from infer.kernels.backend import use_cpu_kernels
 
 STRIP = 16  # output channels per packed strip
 
@@ -65,17 +65,6 @@ def int8_linear_ref(
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
-
-
-def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ w.T + bias` for a quantized weight, over any leading dims of x."""
-    lead, k = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, k)
-    if use_cpu_kernels(x2):
-        y: torch.Tensor = torch.ops.infer_cpu.int8_linear(x2, weight.packed, weight.scale, bias, weight.out_features)
-    else:
-        y = int8_linear_ref(x2, weight, bias)
-    return y.view(*lead, weight.out_features)
 
 
 def kernel_uses_bf16() -> bool:

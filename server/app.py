@@ -17,6 +17,7 @@ from infer.clients.types import SERVICE_NAME
 from infer.engine import AsyncEngine, EngineClient, EngineStats
 from infer.server.gateway.app import GatewayConfig, GatewayServer, local_upstream
 from infer.server.gateway.guard import HttpLimits
+from infer.server.gateway.origins import parse_origins
 from infer.server.health_port import HealthPort
 from infer.server.lifecycle import Lifecycle
 from infer.server.security import ApiKeyInterceptor, ApiKeys, server_credentials
@@ -40,13 +41,25 @@ GRPC_OPTIONS = (
 LOCAL_SOCKET = "grpc.sock"  # with TLS: the in-process gateway's hop, a Unix socket in a private directory
 
 
+# NOTE: grpc cancels (CANCELLED, which no client retries) a call that reaches a server after its GOAWAY; before
+# it, a draining server answers UNAVAILABLE (retried elsewhere). NOT_SERVING first, GOAWAY this much later: health-
+# checking clients have stopped sending by then.
+GOAWAY_DELAY_S = 0.5
+STOP_GRACE_S = 0.5  # once the drain is over: the last statuses go out, health watches are cut
+
+
 def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
     """The server's channel options: the fixed ones and the limits from the settings."""
-    return [
+    options = [
         *GRPC_OPTIONS,
         ("grpc.max_receive_message_length", config.max_request_bytes),
         ("grpc.max_concurrent_streams", config.max_streams_per_connection),
     ]
+    if config.max_connection_age_s is not None:  # GOAWAY then; the client reconnects (and re-resolves)
+        options.append(("grpc.max_connection_age_ms", round(config.max_connection_age_s * 1000)))
+    if config.max_connection_age_grace_s is not None:  # then the aged connection closes, streams or not
+        options.append(("grpc.max_connection_age_grace_ms", round(config.max_connection_age_grace_s * 1000)))
+    return options
 
 
 class InferenceServer:
@@ -100,7 +113,7 @@ class InferenceServer:
                 raise
         if cfg.metrics_port is not None:
             try:
-                self.metrics_port = self.telemetry.serve_metrics(cfg.host, cfg.metrics_port)
+                self.metrics_port = self.telemetry.serve_metrics(cfg.host, cfg.metrics_port, cfg.http_header_timeout_s)
             except OSError as e:
                 await server.stop(None)
                 if self.health_port is not None:
@@ -135,12 +148,17 @@ class InferenceServer:
     async def load(self, engine: EngineClient | None = None) -> None:
         """Load the model (in a thread: health keeps answering), warm it up, then report SERVING.
 
+        A model that fails to load or to warm up raises, and health stays NOT_SERVING.
         `engine`: serve this one instead of loading `config.engine` (tests serve a fake engine this way).
         """
         if engine is None:
             engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
         if self.config.warmup:
-            await engine.warmup()
+            try:
+                await engine.warmup()
+            except BaseException:
+                await asyncio.to_thread(engine.shutdown)
+                raise
         info, cfg, stats = engine.model_info, engine.config, engine.stats()
         logger.info(
             "model %s from %s on %s (%s): %d KV blocks of %d tokens, max_model_len %d, max_num_seqs %d",
@@ -154,13 +172,23 @@ class InferenceServer:
         logger.info("SERVING on %s:%d", self.config.host, self.port)
 
     async def stop(self, grace_s: float | None = None) -> None:
-        """Drain (NOT_SERVING, refuse new RPCs, let in-flight ones finish within grace_s), then stop."""
+        """Drain, then stop: health NOT_SERVING, then GOAWAY on every connection (clients move to other replicas;
+        the listener closes); in-flight RPCs finish within grace_s (then they are cancelled)."""
         grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
         if self._watchdog is not None:
             self._watchdog.cancel()
-        await self.lifecycle.drain(grace_s)
-        if self._server is not None:
-            await self._server.stop(grace=0.5)  # cancels what is left: their engine requests are aborted
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + grace_s
+        await self.lifecycle.start_draining()
+        server, goaway = self._server, None
+        if server is not None:  # a graceful stop: GOAWAY, then calls left at the end of the grace are cancelled
+            await asyncio.sleep(min(GOAWAY_DELAY_S, grace_s))
+            goaway = asyncio.create_task(server.stop(grace=max(0.0, deadline_s - loop.time())))
+        await self.lifecycle.wait_idle(max(0.0, deadline_s - loop.time()))
+        if server is not None and goaway is not None:
+            # NOTE: health Watch streams (client-side health checking) never end by themselves
+            await server.stop(grace=STOP_GRACE_S)
+            await goaway
         if self.health_port is not None:
             await self.health_port.stop()  # NOTE: after the main port: probes see NOT_SERVING for the whole drain
         self.lifecycle.stopped()
@@ -174,7 +202,8 @@ class InferenceServer:
 
 
 async def serve(config: ServerConfig) -> int:
-    """`infer serve`: run until SIGTERM or SIGINT, then drain and exit 0; 1 when the model fails to load."""
+    """`infer serve`: run until SIGTERM or SIGINT, then drain and exit 0; 1 when the model fails to load or to
+    warm up (health never says SERVING)."""
     server = InferenceServer(config)
     await server.start()
     gateway = await start_gateway(server)
@@ -186,7 +215,7 @@ async def serve(config: ServerConfig) -> int:
     try:
         await run_until_signal(load_and_serve())  # a signal during loading: stop without serving
     except Exception as e:
-        logger.error("model failed to load: %s", e)
+        logger.error("model failed to load or warm up: %s", e)
         await asyncio.gather(server.stop(grace_s=0), *([gateway.stop()] if gateway else []))
         return 1
     logger.info("signal received: draining (grace %.1f s)", config.shutdown_grace_s)
@@ -210,6 +239,7 @@ async def start_gateway(server: InferenceServer) -> GatewayServer | None:
             api_keys=server.api_keys,
             limits=HttpLimits(config.max_request_bytes, config.http_header_timeout_s, config.http_body_timeout_s),
             max_output_tokens=config.max_output_tokens,
+            allowed_origins=parse_origins(config.allowed_origins),
         )
     )
     await gateway.start()

@@ -127,6 +127,7 @@ def model_info(engine: EngineClient) -> pb.GetModelInfoResponse:
         eos_token_ids=info.eos_token_ids,
         has_chat_template=info.has_chat_template,
         max_waiting_requests=engine.config.max_waiting_requests,
+        kernels=info.kernels,
     )
 
 

@@ -1,7 +1,7 @@
 """Serving state: loading -> serving -> draining -> stopped, mirrored in grpc.health.v1.
 
 RPCs enter through `in_flight()`: refused unless serving, counted while they run, so a drain
-can wait for the in-flight ones to finish.
+(`start_draining`, then `wait_idle`) can wait for the in-flight ones to finish.
 """
 
 from __future__ import annotations
@@ -84,12 +84,15 @@ class Lifecycle:
             if self.num_in_flight == 0:
                 self._idle.set()
 
-    async def drain(self, grace_s: float) -> bool:
-        """Health NOT_SERVING, refuse new RPCs, wait for in-flight ones; False if some outlived grace_s."""
+    async def start_draining(self) -> None:
+        """Health NOT_SERVING (for good), and new RPCs refused from now on."""
         if self.state is not State.STOPPED:
             self.state = State.DRAINING
         await self.health.enter_graceful_shutdown()
-        logger.info("draining: %d RPCs in flight, grace %.1f s", self.num_in_flight, grace_s)
+        logger.info("draining: %d RPCs in flight", self.num_in_flight)
+
+    async def wait_idle(self, grace_s: float) -> bool:
+        """Until the RPCs in flight have finished; False if some outlived grace_s."""
         if self.num_in_flight == 0:
             return True
         try:

@@ -13,6 +13,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from infer.engine import DTYPES, QUANTIZATIONS, EngineConfig, check
+from infer.server.gateway.origins import parse_origins
 from infer.server.limits import RequestLimits
 from infer.server.security import TlsFiles
 
@@ -38,6 +39,7 @@ class ServerConfig:
     tls_client_ca: str | None = None  # mTLS: clients must show a certificate signed by this CA
     api_key: str | None = field(default=None, repr=False)  # one key, or several comma-separated
     api_keys_file: str | None = None  # one key a line
+    allowed_origins: str | None = None  # browser origins let call the HTTP API (CORS), comma-separated; * = any
     # limits
     max_request_bytes: int = 4 * 1024 * 1024  # an HTTP body, a gRPC message
     max_prompt_tokens: int | None = None  # None: max_model_len is the only bound
@@ -48,6 +50,9 @@ class ServerConfig:
     max_streams_per_connection: int = 100  # gRPC (HTTP/2) streams open at once on one connection
     http_header_timeout_s: float = 10.0  # a connection's request headers must arrive within this
     http_body_timeout_s: float = 30.0  # a request's whole body must arrive within this
+    # connections (docs/deployment.md)
+    max_connection_age_s: float | None = 300.0  # then GOAWAY: clients reconnect and re-resolve; None = never
+    max_connection_age_grace_s: float | None = None  # then an aged connection closes; None = once its RPCs end
 
     def __post_init__(self) -> None:
         check("grpc_port", 0 <= self.grpc_port < 65536, "must be in [0, 65535]")
@@ -61,6 +66,7 @@ class ServerConfig:
         check("engine_stall_timeout_s", self.engine_stall_timeout_s > 0, "must be > 0")
         check("traces", self.traces in TRACE_EXPORTERS, f"must be one of {', '.join(TRACE_EXPORTERS)}")
         TlsFiles.from_settings(self.tls_cert, self.tls_key, self.tls_client_ca)  # ValueError when half given
+        parse_origins(self.allowed_origins)  # ValueError naming allowed_origins
         check("max_request_bytes", self.max_request_bytes >= 1024, "must be >= 1024")
         check("max_prompt_tokens", self.max_prompt_tokens is None or self.max_prompt_tokens >= 1, "must be >= 1")
         check("max_output_tokens", self.max_output_tokens is None or self.max_output_tokens >= 1, "must be >= 1")
@@ -70,6 +76,9 @@ class ServerConfig:
         check("max_streams_per_connection", self.max_streams_per_connection >= 1, "must be >= 1")
         check("http_header_timeout_s", self.http_header_timeout_s > 0, "must be > 0")
         check("http_body_timeout_s", self.http_body_timeout_s > 0, "must be > 0")
+        age_s, age_grace_s = self.max_connection_age_s, self.max_connection_age_grace_s
+        check("max_connection_age_s", age_s is None or age_s >= 0.001, "must be >= 0.001 (or none)")
+        check("max_connection_age_grace_s", age_grace_s is None or age_grace_s >= 0, "must be >= 0 (or none)")
 
     @property
     def tls(self) -> TlsFiles | None:
@@ -88,6 +97,10 @@ class ServerConfig:
 
 def _optional_int(text: str) -> int | None:
     return None if text.lower() in ("", "none") else int(text)
+
+
+def _optional_float(text: str) -> float | None:
+    return None if text.lower() in ("", "none", "off") else float(text)
 
 
 def _port_or_off(text: str) -> int | None:
@@ -153,6 +166,12 @@ SETTINGS: tuple[Setting, ...] = (
     _server("tls_client_ca", _optional_str, "mTLS: require client certificates signed by this CA (PEM)"),
     _server("api_key", _optional_str, "API key(s), comma-separated: clients send 'Authorization: Bearer <key>'"),
     _server("api_keys_file", _optional_str, "a file of API keys, one a line (# comments)"),
+    _server(
+        "allowed_origins",
+        _optional_str,
+        "browser origins that may call the HTTP API (CORS), comma-separated, * = any; without an API key, "
+        "requests from other origins are refused",
+    ),
     _server("max_request_bytes", int, "largest HTTP request body and gRPC message (413 / RESOURCE_EXHAUSTED)"),
     _server("max_prompt_tokens", _optional_int, "longest prompt in tokens (none = max_model_len)"),
     _server("max_output_tokens", _optional_int, "largest max_tokens a request may ask for (none = no bound)"),
@@ -174,6 +193,18 @@ SETTINGS: tuple[Setting, ...] = (
     _server("max_streams_per_connection", int, "gRPC streams open at once on one connection; more wait"),
     _server("http_header_timeout_s", float, "HTTP: a request's headers must arrive within this, else 408"),
     _server("http_body_timeout_s", float, "HTTP: a request's body must arrive within this, else 408"),
+    _server(
+        "max_connection_age_s",
+        _optional_float,
+        "gRPC: a connection this old (±10%) gets GOAWAY and its client reconnects, re-resolving DNS, so replicas "
+        "added by a scale-up get traffic within 5 min for one reconnect per 5 min; its streams go on (none = never)",
+    ),
+    _server(
+        "max_connection_age_grace_s",
+        _optional_float,
+        "gRPC: how long streams may still run on a connection past its age, then they are cut (none = until they "
+        "end: age never cuts a generation)",
+    ),
     Setting("model", _optional_str, "a Hugging Face model directory (default: SmolLM2-135M-Instruct)"),
     Setting("max_model_len", int, "prompt + generated tokens of one request (0 = min(2048, the model's))"),
     Setting("max_num_seqs", int, "requests running at once"),
@@ -214,7 +245,7 @@ def add_settings(parser: argparse.ArgumentParser, environ: Mapping[str, str] | N
     environ = os.environ if environ is None else environ
     for s in SETTINGS:
         default = _env_default(s, environ)
-        text = f"{s.help} [env {s.env}; default: {_show(s.default)}]"
+        text = f"{s.help} [env {s.env}; default: {_show(s.default)}]".replace("%", "%%")  # argparse formats it
         if s.parse is _bool:
             parser.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=default, help=text)
         else:

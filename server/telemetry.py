@@ -18,9 +18,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from infer.engine import EngineStats, RequestOutput
+from infer.server.metrics_http import start_metrics_server
 
 logger = logging.getLogger(__name__)
 
@@ -162,9 +163,9 @@ class Telemetry:
         )
         return RequestTrace(self, method, span)
 
-    def serve_metrics(self, host: str, port: int) -> int:
-        """Start the Prometheus HTTP endpoint; returns its port."""
-        self._http, _ = start_http_server(port, addr=host, registry=self.registry)
+    def serve_metrics(self, host: str, port: int, header_timeout_s: float = 10.0) -> int:
+        """Start the Prometheus HTTP endpoint (bounded like the other doors: `metrics_http.py`); returns its port."""
+        self._http = start_metrics_server(self.registry, host, port, header_timeout_s)
         return int(self._http.server_port)
 
     def shutdown(self) -> None:

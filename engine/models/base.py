@@ -1,8 +1,9 @@
 """A decoder-only transformer over a flat token layout, shared by Llama, Qwen3 and Gemma 3.
 
 Tokens of all sequences in a step are concatenated: `[num_tokens, hidden]`,
-explicit positions, no padding. Attention goes through the paged interface in
-`infer.kernels`; the KV cache and its metadata are passed in, never global.
+explicit positions, no padding. Every op runs on the model's kernel backend
+(`infer.kernels.Kernels`, chosen once at load); the KV cache and the step's
+attention metadata are passed in, never global.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infer import kernels
 from infer.engine.model_config import ModelConfig
-from infer.kernels import AttentionMetadata, AttentionPlan, AttentionSpec, RotaryAngles
-from infer.kernels.linear import linear
+from infer.engine.models.layers import Linear, RMSNorm, empty_param
+from infer.kernels import AttentionMetadata, AttentionSpec, Kernels, RotaryAngles, cos_sin_cache
 
 
 @dataclass(frozen=True)
@@ -25,34 +25,19 @@ class StepInput:
 
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
-    attn: AttentionMetadata
-    attn_plan: AttentionPlan | None  # from kernels.plan_attention; None where the kernel needs none
+    attn: AttentionMetadata  # from the model's `kernels.prepare_attention`: what its attention reads
     rope: tuple[RotaryAngles, ...]  # per RoPE table of the model (CausalLM.rope_angles)
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: [num_blocks, block_size, kv_heads, hd]
 
 
-def _param(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight, self.eps = _param(dim), eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.rms_norm(x, self.weight, self.eps)
-
-
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, kernels: Kernels) -> None:
         super().__init__()
-        self.cfg = cfg
-        self.qkv_proj = _param(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
-        self.qkv_bias = _param(cfg.q_size + 2 * cfg.kv_size) if cfg.attention_bias else None
-        self.o_proj = _param(cfg.hidden_size, cfg.q_size)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.cfg, self.kernels = cfg, kernels
+        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, kernels, bias=cfg.attention_bias)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, kernels)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, kernels) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, kernels) if cfg.qk_norm else None
         self.spec = AttentionSpec(cfg.attn_scale, cfg.sliding_windows[layer], cfg.attn_softcap)
 
     def forward(
@@ -62,8 +47,8 @@ class Attention(nn.Module):
         rope: RotaryAngles,  # this layer's RoPE table at the step's positions
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:  # [num_tokens, hidden]
-        cfg = self.cfg
-        qkv = linear(x, self.qkv_proj, self.qkv_bias)  # [num_tokens, q_size + 2 * kv_size]
+        cfg, kernels = self.cfg, self.kernels
+        qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
         num_heads, num_kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         v = qkv[:, cfg.q_size + cfg.kv_size :].view(-1, num_kv_heads, head_dim)
         if self.q_norm is not None and self.k_norm is not None:
@@ -75,36 +60,39 @@ class Attention(nn.Module):
             # one rotation for q and k together: they are adjacent in the fused projection
             qk = qkv[:, : cfg.q_size + cfg.kv_size].view(-1, num_heads + num_kv_heads, head_dim)
             q, k = torch.split(kernels.apply_rotary(qk, rope), [num_heads, num_kv_heads], dim=1)
-        out = kernels.paged_attention(q, k, v, kv_cache[0], kv_cache[1], step.attn, self.spec, step.attn_plan)
-        return linear(out.reshape(-1, cfg.q_size), self.o_proj)
+        out = kernels.paged_attention(q, k, v, kv_cache[0], kv_cache[1], step.attn, self.spec)
+        o: torch.Tensor = self.o_proj(out.reshape(-1, cfg.q_size))
+        return o
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, kernels: Kernels) -> None:
         super().__init__()
         if cfg.hidden_act not in ("silu", "gelu_pytorch_tanh"):
             raise ValueError(f"unsupported activation {cfg.hidden_act!r} (silu, gelu_pytorch_tanh)")
-        self.gate_up_proj = _param(2 * cfg.intermediate_size, cfg.hidden_size)
-        self.down_proj = _param(cfg.hidden_size, cfg.intermediate_size)
+        self.kernels = kernels
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, kernels)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, kernels)
         self.is_gelu = cfg.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        gate_up = linear(x, self.gate_up_proj)  # [num_tokens, 2 * intermediate]
-        act = kernels.gelu_tanh_and_mul(gate_up) if self.is_gelu else kernels.silu_and_mul(gate_up)
-        return linear(act, self.down_proj)
+        gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * intermediate]
+        act = self.kernels.gelu_tanh_and_mul(gate_up) if self.is_gelu else self.kernels.silu_and_mul(gate_up)
+        out: torch.Tensor = self.down_proj(act)
+        return out
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, kernels: Kernels) -> None:
         super().__init__()
-        eps = cfg.rms_norm_eps
-        self.self_attn, self.mlp = Attention(cfg, layer), MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
+        hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.self_attn, self.mlp = Attention(cfg, layer, kernels), MLP(cfg, kernels)
+        self.input_layernorm = RMSNorm(hidden, eps, kernels)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, kernels)
         self.sandwich = cfg.sandwich_norm
         if cfg.sandwich_norm:
-            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps)
-            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps)
+            self.pre_feedforward_layernorm = RMSNorm(hidden, eps, kernels)
+            self.post_feedforward_layernorm = RMSNorm(hidden, eps, kernels)
 
     def forward(
         self,
@@ -116,8 +104,7 @@ class DecoderLayer(nn.Module):
         attn: torch.Tensor = self.self_attn(self.input_layernorm(x), step, rope, kv_cache)
         if not self.sandwich:
             # pre-norm (Llama, Qwen3)
-            norm = self.post_attention_layernorm
-            normed, h = kernels.fused_add_rms_norm(attn, x, norm.weight, norm.eps)
+            normed, h = self.post_attention_layernorm.add_and_norm(attn, x)
             mlp_out: torch.Tensor = self.mlp(normed)
             return h + mlp_out
         # sandwich norms (Gemma 3)
@@ -129,23 +116,32 @@ class DecoderLayer(nn.Module):
 class CausalLM(nn.Module):
     """Embeddings, decoder layers, final norm and LM head; HF-compatible parameter names."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, max_positions: int | None = None) -> None:
         super().__init__()
-        self.cfg = cfg
-        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        tied = cfg.tie_word_embeddings
-        self.lm_head = self.embed_tokens if tied else _param(cfg.vocab_size, cfg.hidden_size)
+        self.cfg, self.kernels = cfg, kernels
+        self.embed_tokens = empty_param(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, kernels) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
+        tied = self.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, kernels, weight=tied)
         # one RoPE table per distinct config (Gemma 3 has a local and a global one)
         ropes = sorted(set(cfg.ropes), key=cfg.ropes.index)
         self.rope_index = [ropes.index(r) for r in cfg.ropes]
         num_positions = max_positions or cfg.max_position_embeddings
-        self.rope_caches = [kernels.cos_sin_cache(r, num_positions) for r in ropes]
+        self.rope_caches = [cos_sin_cache(r, num_positions) for r in ropes]
 
     def to_device(self, device: torch.device, dtype: torch.dtype) -> CausalLM:
         self.to(device=device, dtype=dtype)
         self.rope_caches = [c.to(device) for c in self.rope_caches]
+        return self
+
+    def quantize(self, method: str) -> CausalLM:
+        """Weight-only `method` (int8) for every linear layer: the projections and the LM head (a tied one gets
+        its own packed copy); norms and the embedding table keep the model dtype. `none` changes nothing."""
+        if method != "none":
+            for module in self.modules():
+                if isinstance(module, Linear):
+                    module.quantize(method)
         return self
 
     @property
@@ -167,7 +163,7 @@ class CausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab] fp32
-        logits = linear(hidden, self.lm_head).float()
+        logits: torch.Tensor = self.lm_head(hidden).float()
         if self.cfg.final_softcap is not None:
             logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
         return logits

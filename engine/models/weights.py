@@ -36,43 +36,46 @@ def _strip_prefix(name: str) -> str:
     return name.removeprefix("language_model.")
 
 
-def _layer_target(cfg: ModelConfig, layer: str, rest: str) -> Target | None:
+# checkpoint modules stored as rows of one of our fused projections: (our module, first row, number of rows)
+def _fused_rows(cfg: ModelConfig) -> dict[str, tuple[str, int, int]]:
     q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    fused = {
-        "self_attn.q_proj": ("self_attn.qkv", 0, q),
-        "self_attn.k_proj": ("self_attn.qkv", q, kv),
-        "self_attn.v_proj": ("self_attn.qkv", q + kv, kv),
-        "mlp.gate_proj.weight": ("mlp.gate_up_proj", 0, inter),
-        "mlp.up_proj.weight": ("mlp.gate_up_proj", inter, inter),
+    return {
+        "self_attn.q_proj": ("self_attn.qkv_proj", 0, q),
+        "self_attn.k_proj": ("self_attn.qkv_proj", q, kv),
+        "self_attn.v_proj": ("self_attn.qkv_proj", q + kv, kv),
+        "mlp.gate_proj": ("mlp.gate_up_proj", 0, inter),
+        "mlp.up_proj": ("mlp.gate_up_proj", inter, inter),
     }
-    for prefix, (param, start, rows) in fused.items():
-        if rest.startswith(prefix):
-            if param == "self_attn.qkv":
-                param = "self_attn.qkv_proj" if rest.endswith(".weight") else "self_attn.qkv_bias"
-            return Target(f"layers.{layer}.{param}", start, rows)
-    for plain in ("self_attn.o_proj", "mlp.down_proj"):
-        if rest == f"{plain}.weight":
-            return Target(f"layers.{layer}.{plain}")
-    if rest.endswith("norm.weight"):
+
+
+def _layer_target(cfg: ModelConfig, layer: str, rest: str) -> Target | None:
+    module, _, kind = rest.rpartition(".")  # e.g. self_attn.q_proj, weight
+    fused = _fused_rows(cfg).get(module)
+    if fused is not None:
+        param, start, rows = fused
+        return Target(f"layers.{layer}.{param}.{kind}", start, rows)
+    if module in ("self_attn.o_proj", "mlp.down_proj") or rest.endswith("norm.weight"):
         return Target(f"layers.{layer}.{rest}")
     return None
 
 
-def checkpoint_to_params(cfg: ModelConfig, name: str) -> Target | bool | None:
-    """Map a checkpoint tensor name: a Target, False if it is to be skipped, None if unknown."""
+def checkpoint_target(cfg: ModelConfig, name: str) -> Target | None:
+    """Where checkpoint tensor `name` goes; None for a tensor that carries nothing we use (rotary tables,
+    a vision tower, the LM head of tied embeddings). ValueError for a name this architecture does not have."""
     if _IGNORED.search(name):
-        return False
+        return None
     short = _strip_prefix(name)
     if short == "lm_head.weight":
-        return False if cfg.tie_word_embeddings else Target("lm_head")
+        return None if cfg.tie_word_embeddings else Target("lm_head.weight")
     if short == "embed_tokens.weight":
         return Target("embed_tokens")
     if short == "norm.weight":
         return Target("norm.weight")
     m = _LAYER.match(short)
-    if m is None or int(m.group(1)) >= cfg.num_layers:
-        return None
-    return _layer_target(cfg, m.group(1), m.group(2))
+    target = None if m is None or int(m.group(1)) >= cfg.num_layers else _layer_target(cfg, m.group(1), m.group(2))
+    if target is None:
+        raise ValueError(f"unexpected tensor {name!r} for {cfg.model_type}")
+    return target
 
 
 def convert_tensor(cfg: ModelConfig, target: Target, tensor: torch.Tensor) -> torch.Tensor:

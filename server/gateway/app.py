@@ -23,6 +23,7 @@ from infer.clients.channel import ClientTls, read_file
 from infer.server.gateway.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from infer.server.gateway.guard import Guard, HttpLimits
 from infer.server.gateway.metrics import GatewayMetrics, MetricsMiddleware
+from infer.server.gateway.origins import BrowserPolicy, cors, is_loopback_address
 from infer.server.gateway.protocol import with_header_timeout
 from infer.server.gateway.routes import Routes
 from infer.server.gateway.upstream import Upstream
@@ -47,6 +48,7 @@ def app_for(config: GatewayConfig) -> ASGIApp:
     client = Upstream(config.upstream, config.timeout_s, config.upstream_tls)
     metrics = GatewayMetrics()
     routes = Routes(client, metrics, config.model_id, config.max_output_tokens)
+    policy = BrowserPolicy(config.allowed_origins, config.api_keys is None, is_loopback_address(config.host))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -63,7 +65,8 @@ def app_for(config: GatewayConfig) -> ASGIApp:
         ],
         middleware=[
             Middleware(MetricsMiddleware, metrics=metrics),
-            Middleware(Guard, keys=config.api_keys, limits=config.limits),
+            *cors(config.allowed_origins),
+            Middleware(Guard, keys=config.api_keys, limits=config.limits, policy=policy),
         ],
         exception_handlers={
             APIError: handle_api_error,
@@ -91,6 +94,7 @@ class GatewayConfig:
     api_keys: ApiKeys | None = field(default=None, repr=False)  # None: open (the upstream may still check)
     limits: HttpLimits = field(default_factory=HttpLimits)
     max_output_tokens: int | None = None  # the server's limit, when known: caps a chat's default max_tokens
+    allowed_origins: tuple[str, ...] = ()  # browser origins let in without a key, and given CORS (origins.py)
 
     def __post_init__(self) -> None:
         if not 0 <= self.http_port < 65536:
@@ -103,6 +107,7 @@ class GatewayConfig:
             raise ValueError("timeout_s: must be > 0")
         if self.shutdown_grace_s < 0:
             raise ValueError("shutdown_grace_s: must be >= 0")
+        BrowserPolicy(self.allowed_origins)  # ValueError naming allowed_origins
 
 
 def local_upstream(grpc_host: str, grpc_port: int) -> str:
@@ -112,6 +117,32 @@ def local_upstream(grpc_host: str, grpc_port: int) -> str:
 
 
 class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, handshake_timeout_s: float) -> None:
+        super().__init__(config)
+        self.handshake_timeout_s = handshake_timeout_s
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup, with the TLS handshake bounded like the request headers (asyncio's default: 60 s)."""
+        if self.config.ssl is None or sockets is None:
+            await super().startup(sockets)
+            return
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            raise RuntimeError("the gateway's startup failed")
+        config, loop = self.config, asyncio.get_running_loop()
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        self.servers = [
+            await loop.create_server(protocol, sock=sock, ssl=config.ssl, backlog=config.backlog,
+                                     ssl_handshake_timeout=self.handshake_timeout_s)
+            for sock in sockets
+        ]  # fmt: skip
+        self.started = True
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         # NOTE: signals belong to whoever runs the loop (`infer serve` also runs the gRPC server); we stop on cancel
@@ -192,7 +223,7 @@ class GatewayServer:
             timeout_graceful_shutdown=max(int(cfg.shutdown_grace_s), 1),
             http=with_header_timeout(cfg.limits.header_timeout_s), **_ssl_options(cfg.tls),
         )  # fmt: skip
-        self._server = _Server(uv_config)
+        self._server = _Server(uv_config, cfg.limits.header_timeout_s)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")
         while not self._server.started:
             if self._task.done():

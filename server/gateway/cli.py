@@ -11,6 +11,7 @@ from typing import Any
 from infer.clients.channel import ClientTls
 from infer.server.gateway.app import DEFAULT_TIMEOUT_S, GatewayConfig, GatewayServer
 from infer.server.gateway.guard import HttpLimits
+from infer.server.gateway.origins import parse_origins
 from infer.server.security import ApiKeys, TlsFiles
 from infer.server.signals import run_until_signal
 
@@ -78,6 +79,9 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "--tls-client-ca", "INFER_TLS_CLIENT_CA", "", "mTLS: require client certificates signed by this CA")
     _flag(p, "--api-key", "INFER_API_KEY", "", "API key(s), comma-separated (also forwarded: the upstream checks)")
     _flag(p, "--api-keys-file", "INFER_API_KEYS_FILE", "", "a file of API keys, one a line (# comments)")
+    _flag(p, "--allowed-origins", "INFER_ALLOWED_ORIGINS", "",
+          "browser origins that may call the API (CORS), comma-separated, * = any; without an API key, "
+          "requests from other origins are refused")  # fmt: skip
     _flag(p, "--upstream-tls-ca", "INFER_UPSTREAM_TLS_CA", "", "TLS to the upstream, trusting this CA (PEM)")
     p.add_argument("--upstream-tls", action="store_true", help="TLS to the upstream, trusting the system's roots")
     _flag(p, "--upstream-tls-cert", "INFER_UPSTREAM_TLS_CERT", "", "mTLS to the upstream: client certificate")
@@ -118,6 +122,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         api_keys=ApiKeys.from_settings(args.api_key, args.api_keys_file),
         limits=HttpLimits(args.max_request_bytes, args.http_header_timeout_s, args.http_body_timeout_s),
         max_output_tokens=args.max_output_tokens,
+        allowed_origins=parse_origins(args.allowed_origins),
     )
 
 

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 RETRY_AFTER_S = {429: 1, 503: 2}  # the Retry-After header of a refused request
 _TYPES = {  # OpenAI's error types by HTTP status; the rest are server_error
-    **dict.fromkeys((400, 401, 404, 405, 408, 409, 413, 422), "invalid_request_error"),
+    **dict.fromkeys((400, 401, 403, 404, 405, 408, 409, 413, 415, 422), "invalid_request_error"),
     429: "rate_limit_error",
     504: "timeout_error",
 }
-_PYDANTIC_CODES = {"extra_forbidden": "unknown_parameter", "missing": "missing_required_parameter"}
+_PYDANTIC_CODES = {"extra_forbidden": "unknown_parameter", "missing": "missing_required_parameter",
+                   "unsupported_value": "unsupported_value"}  # fmt: skip
 _UNION_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|.*\[.*)$")  # pydantic's union member labels
 # upstream INVALID_ARGUMENT messages start with the field: "sampling.top_p: must be in (0, 1]"
 _FIELD = re.compile(r"^(?:sampling\.)?([a-z_]+):")
@@ -52,24 +54,51 @@ class APIError(Exception):
 
 
 def _param(loc: tuple[int | str, ...]) -> str | None:
-    """`messages[0].content` from pydantic's location, without its union member labels."""
+    """`messages[0].content[0]` from pydantic's location, without its union member labels."""
     text = ""
     for part in loc:
         if isinstance(part, int):
             text += f"[{part}]"
-        elif _UNION_TAG.match(part):
-            break
-        else:
+        elif not _UNION_TAG.match(part):
             text += f".{part}" if text else part
     return text or None
 
 
+def _union_root(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """The location up to its first union member label: where the alternatives of a union part ways."""
+    for i, part in enumerate(loc):
+        if isinstance(part, str) and _UNION_TAG.match(part):
+            return loc[:i]
+    return loc
+
+
+def _is_type_mismatch(error: ErrorDetails) -> bool:
+    return error["type"].endswith("_type") or error["type"] in ("none_required", "is_instance_of")
+
+
+def _telling(errors: Sequence[ErrorDetails]) -> list[ErrorDetails]:
+    """One error per field, the one that says the most.
+
+    A union (`content: str | list[TextPart]`) fails once per alternative; the alternative that got furthest
+    says what is wrong (`messages[0].content[0]: 'image_url' parts are not supported`), not the first one
+    tried (`Input should be a valid string`). Preferred: a wrong value over a wrong type, then the deepest.
+    """
+    best: dict[tuple[int | str, ...], ErrorDetails] = {}
+    for e in errors:
+        root = _union_root(e["loc"])
+        seen = best.get(root)
+        if seen is None or (_is_type_mismatch(seen), -len(seen["loc"])) > (_is_type_mismatch(e), -len(e["loc"])):
+            best[root] = e
+    return list(best.values())
+
+
 def from_validation(error: ValidationError) -> APIError:
     """422: the first problems, each naming its field; `param` is the first one's."""
+    errors = _telling(error.errors(include_url=False))
     problems: dict[str | None, str] = {}
-    for e in error.errors(include_url=False):
+    for e in errors:
         problems.setdefault(_param(e["loc"]), e["msg"])
-    first = error.errors(include_url=False)[0]
+    first = errors[0]
     message = "; ".join(f"{p}: {m}" if p else m for p, m in list(problems.items())[:3])
     return APIError(422, message, code=_PYDANTIC_CODES.get(first["type"], "invalid_value"), param=_param(first["loc"]))
 
@@ -84,8 +113,10 @@ def _invalid_argument(details: str) -> APIError:
     param = _UPSTREAM_PARAMS.get(field, field) if field else None
     if any(f"exceeds {limit}" in details for limit in _PROMPT_LIMITS):
         return APIError(400, details, code="context_length_exceeded", param="messages" if param is None else param)
-    if field == "request_id":
+    if field == "request_id" and "already in flight" in details:
         return APIError(409, details, code="duplicate_request_id", param="X-Request-Id")
+    if field == "request_id":
+        return APIError(422, details, code="invalid_value", param="X-Request-Id")
     return APIError(422, details, code="invalid_value", param=param)
 
 
@@ -127,5 +158,11 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
     return error.response(exc.headers)
 
 
+INTERNAL_ERROR = "internal error (the gateway's log has the details)"
+
+
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
-    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error").response()
+    """500 without the exception's text: it may hold internals (object reprs, addresses, paths).
+
+    Starlette logs the traceback once this answer is out."""
+    return APIError(500, INTERNAL_ERROR, code="internal_error").response()

@@ -1,7 +1,15 @@
-"""The gateway's front door, an ASGI middleware: API keys, the body's size and read time, quiet disconnects.
+"""The gateway's front door, an ASGI middleware: framing, browsers, API keys, the body's type, size and read
+time, quiet disconnects.
 
 - A key is needed everywhere but /health (probes carry none): 401 in OpenAI's shape.
+- Both Content-Length and Transfer-Encoding: 400 (RFC 9112 6.3: a smuggling attempt, close after answering).
 - A body larger than max_request_bytes: 413 (by its Content-Length at once, else once it grows past).
+- Browsers on the keyless default (`origins.py`): a foreign Origin, or a foreign Host on loopback: 403.
+- A key is needed everywhere but /health and /metrics (probes carry none): 401 in OpenAI's shape.
+- A POST body that is not `Content-Type: application/json`: 415 (a web form or a text/plain fetch is not).
+
+A refused request's body is read and dropped first (within the same size and time bounds): closing a socket
+with unread bytes in it makes the kernel reset the connection, and the client may lose the answer.
 - A body that does not arrive within body_timeout_s of the request's start: 408, connection closed.
 - A client gone before its body arrived: a one-line INFO log, no traceback.
 """
@@ -16,11 +24,13 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infer.server.gateway.errors import APIError
+from infer.server.gateway.origins import BrowserPolicy
 from infer.server.security import ApiKeys
 
 logger = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health"})
+JSON_TYPE = "application/json"
 
 
 @dataclass(frozen=True)
@@ -84,27 +94,55 @@ def _client(scope: Scope) -> str:
     return f"{client[0]}:{client[1]}" if client else "a client"
 
 
+def _media_type_refusal(content_type: str | None) -> APIError | None:
+    if content_type is not None and content_type.split(";")[0].strip().lower() == JSON_TYPE:
+        return None
+    got = "none" if content_type is None else repr(content_type[:100])
+    return APIError(415, f"Content-Type must be {JSON_TYPE} (got {got})", code="unsupported_media_type")
+
+
 class Guard:
-    def __init__(self, app: ASGIApp, keys: ApiKeys | None, limits: HttpLimits) -> None:
-        self.app, self.keys, self.limits = app, keys, limits
+    def __init__(self, app: ASGIApp, keys: ApiKeys | None, limits: HttpLimits, policy: BrowserPolicy) -> None:
+        self.app, self.keys, self.limits, self.policy = app, keys, limits, policy
 
     def _refusal(self, scope: Scope) -> APIError | None:
-        if self.keys is not None and scope["path"] not in OPEN_PATHS:
-            refusal = self.keys.refusal(_header(scope, b"authorization"))
-            if refusal is not None:
-                return APIError(401, refusal, code="invalid_api_key")
         length = _header(scope, b"content-length")
+        if length is not None and _header(scope, b"transfer-encoding") is not None:
+            message = "a request may not carry both Content-Length and Transfer-Encoding (RFC 9112, section 6.3)"
+            return APIError(400, message, code="invalid_request")
         if length is not None and length.isdigit() and int(length) > self.limits.max_request_bytes:
             return _too_large(self.limits.max_request_bytes)
+        refusal = self.policy.refusal(_header(scope, b"origin"), _header(scope, b"host"))
+        if refusal is not None:
+            return refusal
+        if self.keys is not None and scope["path"] not in OPEN_PATHS:
+            key_refusal = self.keys.refusal(_header(scope, b"authorization"))
+            if key_refusal is not None:
+                return APIError(401, key_refusal, code="invalid_api_key")
+        if scope["method"] == "POST" and (refusal := _media_type_refusal(_header(scope, b"content-type"))):
+            return refusal
         return None
+
+    async def _drop_body(self, receive: Receive) -> bool:
+        """Read the body to its end and drop it (bounded like any body): False when it broke a bound or ended."""
+        body = _Body(receive, self.limits)
+        try:
+            while not body.is_complete:
+                if (await body.receive())["type"] == "http.disconnect":
+                    return False
+        except _BodyError:
+            return False
+        return True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         refusal = self._refusal(scope)
-        if refusal is not None:  # NOTE: the body is never read: close rather than drain it
-            await refusal.response({"Connection": "close"} if refusal.status == 413 else {})(scope, receive, send)
+        if refusal is not None:
+            is_read = refusal.status != 413 and await self._drop_body(receive)
+            must_close = not is_read or refusal.status == 400  # NOTE: 400 here is CL + TE: RFC 9112 says close
+            await refusal.response({"Connection": "close"} if must_close else {})(scope, receive, send)
             return
         body = _Body(receive, self.limits)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -47,7 +48,8 @@ class Choice:
 
 
 def _value(logprob: float) -> float:
-    return max(logprob, LOGPROB_FLOOR)
+    """A logprob JSON can carry: in [LOGPROB_FLOOR, 0]; NaN (an upstream that underflowed) becomes the floor."""
+    return LOGPROB_FLOOR if math.isnan(logprob) else min(max(logprob, LOGPROB_FLOOR), 0.0)
 
 
 def completion_logprobs(logprobs: Sequence[pb.TokenLogprob], offset: int = 0) -> tuple[Json, int]:

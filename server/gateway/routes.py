@@ -22,7 +22,13 @@ from infer.server.gateway import translate
 from infer.server.gateway.errors import RETRY_AFTER_S, APIError, from_validation
 from infer.server.gateway.metrics import GatewayMetrics
 from infer.server.gateway.render import ChatFormat, Choice, CompletionFormat, Format, Json, Meta
-from infer.server.gateway.schemas import ChatCompletionRequest, CompletionRequest, Sampling, ignored_fields
+from infer.server.gateway.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    IgnoredFieldLog,
+    Sampling,
+    ignored_fields,
+)
 from infer.server.gateway.streams import (
     SHUTTING_DOWN,
     ClientDisconnectedError,
@@ -38,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 # forwarded as gRPC metadata: the caller's API key (the model server checks it), W3C trace context
 FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate")
+_METADATA_VALUE = re.compile(r"[ -~]*")  # what gRPC takes in a text metadata value: visible ASCII and space
+MAX_REQUEST_ID_CHARS = 128  # clients.types.REQUEST_ID: the model server's bound on a (choice's) request id
 Handler = Callable[[Request, str], Awaitable[Response]]
 M = TypeVar("M", bound=BaseModel)
 
@@ -49,6 +57,17 @@ def _request_id(request: Request) -> str:
     if not REQUEST_ID.match(value):
         raise APIError(422, "X-Request-Id: must be 1 to 128 visible ASCII characters", param="X-Request-Id")
     return value
+
+
+def _check_choice_ids(request_id: str, num_choices: int) -> None:
+    """422 when the choices' ids (X-Request-Id-<index>) outgrow the model server's bound on request ids."""
+    longest = len(translate.choice_request_id(request_id, num_choices - 1, num_choices))
+    if longest > MAX_REQUEST_ID_CHARS:
+        room = MAX_REQUEST_ID_CHARS - (longest - len(request_id))
+        message = (f"X-Request-Id: {len(request_id)} characters is too long for {num_choices} choices: each "
+                   f"choice's request id is X-Request-Id-<index>, at most {MAX_REQUEST_ID_CHARS} characters, so "
+                   f"X-Request-Id may have at most {room} here")  # fmt: skip
+        raise APIError(422, message, code="invalid_value", param="X-Request-Id")
 
 
 # JSON escapes of UTF-16 surrogates: json.loads takes an unpaired one, which no later UTF-8 encoding can
@@ -67,10 +86,8 @@ def _check_unicode(raw: bytes, data: Any) -> None:
         raise APIError(400, message, code="invalid_json") from None
 
 
-async def _parse(request: Request, schema: type[M]) -> M:
-    """400 for a body that is not a JSON object (or not text), 422 when it does not fit the schema (size and
-    time: guard.py)."""
-    raw = await request.body()
+def _decode(raw: bytes) -> dict[str, Any]:
+    """The body's JSON object; 400 when it is not one (or not text)."""
     try:
         data = json.loads(raw)
     except ValueError as e:  # also UnicodeDecodeError
@@ -78,14 +95,37 @@ async def _parse(request: Request, schema: type[M]) -> M:
     if not isinstance(data, dict):
         raise APIError(400, "the body must be a JSON object", code="invalid_json")
     _check_unicode(raw, data)
+    return data
+
+
+async def _parse(request: Request, schema: type[M]) -> M:
+    """400 for a body that is not a JSON object (or not text), 422 when it does not fit the schema (size,
+    time and Content-Type: guard.py)."""
+    raw = await request.body()
     try:
+        data = _decode(raw)
         return schema.model_validate(data)
     except ValidationError as e:
         raise from_validation(e) from None
+    except RecursionError:  # NOTE: `[[[[...` thousands deep: json's decoder (or an encoder after it) gives up
+        raise APIError(400, "invalid JSON body: nested too deeply", code="invalid_json") from None
 
 
 def _metadata(request: Request) -> Metadata:
-    return [(name, request.headers[name]) for name in FORWARDED_HEADERS if name in request.headers]
+    """The forwarded headers, less those gRPC cannot carry (a tab, a byte past ASCII): dropped, not a 500.
+
+    NOTE: a dropped `authorization` reaches the model server as no key: with keys there, a 401.
+    """
+    metadata = []
+    for name in FORWARDED_HEADERS:
+        value = request.headers.get(name)
+        if value is None:
+            continue
+        if _METADATA_VALUE.fullmatch(value):
+            metadata.append((name, value))
+        else:
+            logger.debug("%s: dropped the header %s: not visible ASCII", request.url.path, name)
+    return metadata
 
 
 class Routes:
@@ -94,15 +134,12 @@ class Routes:
     ) -> None:
         self.upstream, self.metrics, self.model_id = upstream, metrics, model_id
         self.max_output_tokens = max_output_tokens  # the server's limit: caps the default of a chat's max_tokens
-        self.logged_fields: set[str] = set()  # unknown fields seen: each is logged once
+        self.ignored_fields = IgnoredFieldLog()  # unknown fields seen: each is logged once
         self.created = int(time.time())
 
     async def _parse(self, request: Request, schema: type[M]) -> M:
         body = await _parse(request, schema)
-        for name in ignored_fields(body):
-            if name not in self.logged_fields:
-                self.logged_fields.add(name)
-                logger.info("%s: ignoring the unknown field %r (logged once)", request.url.path, name)
+        self.ignored_fields.log(request.url.path, ignored_fields(body))
         return body
 
     async def _served_model(self, metadata: Metadata) -> str:
@@ -141,6 +178,7 @@ class Routes:
 
     async def _completions(self, request: Request, request_id: str) -> Response:
         body = await self._parse(request, CompletionRequest)
+        _check_choice_ids(request_id, len(body.prompts) * body.n)
         model = await self._check_model(body.model, _metadata(request))
         meta = Meta(f"cmpl-{request_id}", model, int(time.time()), body.n, body.include_usage,
                     has_logprobs=body.logprobs is not None)  # fmt: skip
@@ -153,6 +191,7 @@ class Routes:
 
     async def _chat_completions(self, request: Request, request_id: str) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
+        _check_choice_ids(request_id, body.n)
         model = await self._check_model(body.model, _metadata(request))
         max_tokens = body.max_new_tokens
         if max_tokens is None:

@@ -1,7 +1,8 @@
 """OpenAI request bodies: known fields strictly typed (HTTP 422 otherwise); unknown fields ignored.
 
 OpenAI's SDKs and clients send fields this server has no use for (`store`, `metadata`, `service_tier`, the
-nulls of a replayed assistant message, ...): they are accepted, logged once (`ignored_fields`) and ignored.
+nulls of a replayed assistant message, ...): they are accepted, logged once per name (`IgnoredFieldLog`, a
+bounded set) and ignored.
 
 Value ranges of the sampling parameters are the model server's to check (it names the field);
 here: types, the gateway's own limits (`n`), and the OpenAI features this gateway does not have.
@@ -9,14 +10,22 @@ here: types, the gateway's own limits (`n`), and the OpenAI features this gatewa
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from infer.server.gateway.errors import unsupported
 
+logger = logging.getLogger(__name__)
+
 MAX_CHOICES = 128  # n × prompts of one request: each is one gRPC stream
 MAX_LOGPROBS = 20
+MAX_LOGGED_FIELDS = 256  # unknown field names remembered, each logged once; later new names are not logged
+MAX_FIELD_NAME_CHARS = 64  # a longer name is logged and remembered cut to this
+NUM_NAMES_PER_LINE = 16  # one log line per request names at most this many new fields
 
 Int32 = Annotated[int, Field(ge=-(2**31), lt=2**31)]
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
@@ -38,6 +47,42 @@ def ignored_fields(model: BaseModel, prefix: str = "") -> list[str]:
             if isinstance(item, BaseModel):
                 found += ignored_fields(item, f"{prefix}{name}{'[]' if isinstance(value, list) else ''}.")
     return sorted(set(found))
+
+
+class IgnoredFieldLog:
+    """Logs each unknown field name once, at most one INFO line per request; remembers at most `capacity` names.
+
+    NOTE: names are the client's to choose: a body with 50,000 unique keys must not give 50,000 log lines,
+    nor a set that grows for ever. A line lists up to NUM_NAMES_PER_LINE new names (the rest wait for a
+    later request); once `capacity` names are remembered, new ones go unlogged (said once, in a WARNING).
+    """
+
+    def __init__(self, capacity: int = MAX_LOGGED_FIELDS) -> None:
+        self.capacity = capacity
+        self.names: set[str] = set()
+        self.is_full = False
+
+    def log(self, path: str, names: Iterable[str]) -> None:
+        new = [name for name in dict.fromkeys(map(_shorten, names)) if name not in self.names]
+        if not new:
+            return
+        room = self.capacity - len(self.names)
+        if room <= 0:
+            if not self.is_full:
+                self.is_full = True
+                logger.warning(
+                    "%d unknown field names logged: new ones are now ignored without a log line", self.capacity
+                )
+            return
+        listed = new[: min(room, NUM_NAMES_PER_LINE)]
+        self.names.update(listed)
+        more = f"; {len(new) - len(listed)} more not listed" if len(new) > len(listed) else ""
+        shown = ", ".join(repr(name) for name in listed)
+        logger.info("%s: ignoring the unknown field(s) %s (each logged once%s)", path, shown, more)
+
+
+def _shorten(name: str) -> str:
+    return name if len(name) <= MAX_FIELD_NAME_CHARS else name[:MAX_FIELD_NAME_CHARS] + "…"
 
 
 class StreamOptions(Strict):
@@ -126,6 +171,15 @@ class CompletionRequest(Sampling):
 class TextPart(Strict):
     type: Literal["text"]  # images and audio: not supported
     text: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_text(cls, data: Any) -> Any:
+        kind = data.get("type") if isinstance(data, dict) else None
+        if isinstance(kind, str) and kind != "text":
+            message = "'{kind}' parts are not supported: this model reads text parts only"
+            raise PydanticCustomError("unsupported_value", message, {"kind": kind[:40]})
+        return data
 
 
 class ChatMessage(Strict):

@@ -119,7 +119,8 @@ async def merged(streams: Sequence[ChoiceStream]) -> AsyncGenerator[tuple[int, p
 
 
 def sse(data: Mapping[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    """One event; strict JSON like JSONResponse (no NaN: render.py keeps every float finite)."""
+    return b"data: " + json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode() + b"\n\n"
 
 
 async def sse_events(

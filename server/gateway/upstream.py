@@ -16,9 +16,6 @@ from infer.server.gateway.errors import from_grpc
 
 UNARY_TIMEOUT_S = 10.0
 Metadata = Sequence[tuple[str, str]]
-# NOTE: round robin over every address the target resolves to: behind a headless Service (`dns:///name:port`)
-# each request goes to the next model server pod; one address behaves as before
-CHANNEL_OPTIONS = (("grpc.lb_policy_name", "round_robin"),)
 GenerateCall = Any  # grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]; grpc ships no stubs
 
 
@@ -38,7 +35,9 @@ class Upstream:
     def _inference(self) -> pb_grpc.InferenceServiceStub:
         # NOTE: lazily: a grpc.aio channel belongs to the event loop it is created in
         if self._stub is None:
-            self._channel = aio_channel(self.address, self.tls, CHANNEL_OPTIONS)
+            # NOTE: round robin, retries of UNAVAILABLE, and behind a headless Service (`dns:///name:port`) health
+            # checking of each model server pod: one that drains gets no new request (clients/channel.py)
+            self._channel = aio_channel(self.address, self.tls)
             self._stub = pb_grpc.InferenceServiceStub(self._channel)  # type: ignore[no-untyped-call]
             self._health = health_pb2_grpc.HealthStub(self._channel)
         return self._stub

@@ -1,26 +1,78 @@
-"""benchmarks/soak.py: a new run rewrites its report but keeps the hand-written part after the marker."""
+"""`make soak`: its RSS verdict on made-up series, and each hostile client's outcome against the fake engine's server
+and a gateway in front of it (the real run takes minutes and the model)."""
 
 from __future__ import annotations
 
-import importlib.util
+import asyncio
+import random
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
-SOAK = Path(__file__).parents[2] / "benchmarks" / "soak.py"
+import grpc
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.server.gateway.guard import HttpLimits
+from infer.server.metrics_http import start_metrics_server
+from tests.integration.grpc_helpers import ServerThread, running_fake_server
+from tests.unit.server.gateway.gateway_helpers import LoopThread, running_gateway
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import soak  # noqa: E402
+import soak_hostile  # noqa: E402
 
 
-def _soak() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("soak", SOAK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def test_rss_that_settles_after_each_phases_warm_up_is_flat_and_rss_that_climbs_is_not() -> None:
+    phases = ["normal"] * 4 + ["hostile"] * 4
+    is_flat, text = soak.rss_verdict([900, 950, 955, 952, 960, 1040, 1045, 1042], phases, warmup_windows=2)
+    assert is_flat and "normal: 955 MiB after warm-up" in text and "hostile: 1045 MiB after warm-up" in text
+    is_flat, text = soak.rss_verdict([900, 950, 1000, 1100, 1200, 1300, 1400, 1500], phases, warmup_windows=2)
+    assert not is_flat and "GROWING" in text
+    assert soak.rss_verdict([900, 1000], ["normal"] * 2, warmup_windows=2)[0] is False  # no window after warm-up
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerThread]:
+    with running_fake_server(max_model_len=256, max_num_seqs=8, max_waiting_requests=16) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def doors(server: ServerThread) -> Iterator[soak_hostile.Doors]:
+    loop = LoopThread()
+    metrics = start_metrics_server(CollectorRegistry(), "127.0.0.1", 0, header_timeout_s=0.5)
+    limits = HttpLimits(header_timeout_s=0.5)
+    with running_gateway(server.address, loop, limits=limits) as gateway:
+        yield soak_hostile.Doors("127.0.0.1", gateway.server.port, metrics.server_port, model="fake")
+    metrics.shutdown()
+    metrics.server_close()
+    loop.close()
+
+
+async def _outcome(server: ServerThread, doors: soak_hostile.Doors, kind: str) -> str:
+    options = [("grpc.max_send_message_length", 8 << 20)]
+    async with (
+        grpc.aio.insecure_channel(server.address, options=options) as channel,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{doors.http_port}", timeout=60) as http,
+    ):
+        stub = pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        return await soak_hostile.hostile_client(http, stub, doors, kind, random.Random(0))
+
+
+@pytest.mark.parametrize("kind", soak_hostile.KINDS)
+def test_each_hostile_client_gets_its_expected_answer(
+    server: ServerThread, doors: soak_hostile.Doors, kind: str
+) -> None:
+    assert asyncio.run(_outcome(server, doors, kind)) in soak_hostile.EXPECTED[kind]
+    server.wait_idle()
 
 
 def test_the_hand_written_part_of_the_report_is_kept(tmp_path: Path) -> None:
-    soak = _soak()
     report = tmp_path / "reliability.md"
     assert soak._kept(report) == ""  # no report yet
     by_hand = f"{soak.KEPT_MARKER}\n\n## Memory\n\nmeasured by hand\n"
@@ -31,4 +83,4 @@ def test_the_hand_written_part_of_the_report_is_kept(tmp_path: Path) -> None:
 
 
 def test_the_docs_report_has_its_hand_written_part() -> None:
-    assert _soak().KEPT_MARKER in (SOAK.parents[1] / "docs" / "reliability.md").read_text()
+    assert soak.KEPT_MARKER in (BENCHMARKS.parent / "docs" / "reliability.md").read_text()

@@ -33,9 +33,6 @@ from tests.deploy.chart import (
 
 SERVER, GATEWAY, HEADLESS = "rel-infer", "rel-infer-gateway", "rel-infer-headless"
 CRD_KINDS = {"ServiceMonitor", "InferencePool"}  # not in Kubernetes' schemas: checked by hand
-# settings of `infer serve` that another branch adds (INFER_MAX_CONNECTION_AGE_S, ...): the chart sets them already
-# NOTE: once server/settings.py has them, _env_names("serve") lists them and this set adds nothing
-PENDING_SERVE_ENV = {"INFER_MAX_CONNECTION_AGE_S", "INFER_MAX_CONNECTION_AGE_GRACE_S"}
 
 
 def server_container(manifests: list[Manifest]) -> Manifest:
@@ -160,7 +157,7 @@ def test_server_env_is_a_valid_infer_serve_config(
     variables = env(server_container(manifests))
     infer_names = {name for name in variables if name.startswith("INFER_")}
     # NOTE: INFER_KERNELS is read by infer.kernels.backend, not by a flag
-    assert infer_names <= _env_names("serve") | {"INFER_KERNELS"} | PENDING_SERVE_ENV
+    assert infer_names <= _env_names("serve") | {"INFER_KERNELS"}
     config = _server_config(variables, monkeypatch)
     separate = values["gateway"]["mode"] == "separate"
     assert (config.host, config.grpc_port) == ("0.0.0.0", values["ports"]["grpc"])

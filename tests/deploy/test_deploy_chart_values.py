@@ -13,6 +13,7 @@ from yamllint import linter
 from yamllint.config import YamlLintConfig
 
 from infer.engine.config import DTYPES
+from infer.kernels import BACKENDS
 from infer.server.settings import SETTINGS
 from tests.deploy.chart import CASES, CHART, chart_values, env, render, render_error, run_helm, values_args
 from tests.deploy.chart_docs import documented_values, leaf_paths, values_table
@@ -90,6 +91,11 @@ def test_every_serve_setting_is_reachable() -> None:
         choices = settings[name].choices or (tuple(DTYPES) if name == "dtype" else ())
         if choices:
             assert schema["enum"] == [None, *choices], name
+
+
+def test_kernels_takes_every_backend_the_server_knows() -> None:
+    # the schema once left out `cpu`: the chart could not ask for the compiled CPU kernels
+    assert SCHEMA["properties"]["kernels"]["enum"] == ["", *BACKENDS]
 
 
 @pytest.mark.parametrize(

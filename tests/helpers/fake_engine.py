@@ -36,7 +36,8 @@ def tiny_tokenizer() -> Tokenizer:
 
 
 class FakeRunner:
-    """Stands in for ModelRunner: records every call; `poison` tokens make a forward pass fail."""
+    """Stands in for ModelRunner: records every call; `poison` tokens make a forward pass fail, and so does every
+    pass after the first `num_good_calls` (a kernel that fails only on a later call)."""
 
     def __init__(self, text_ids: list[int], eos_id: int, vocab_size: int, num_blocks: int) -> None:
         self.text_ids, self.eos_id, self.vocab_size = text_ids, eos_id, vocab_size
@@ -44,6 +45,7 @@ class FakeRunner:
         self.device = torch.device("cpu")
         self.calls: list[list[SeqWork]] = []
         self.poison: set[int] = set()
+        self.num_good_calls: int | None = None
         self.step_s = 0.0  # simulated forward-pass time per call, plus per token (see `execute`)
         self.token_s = 0.0
         self.gate = threading.Event()  # cleared: a forward pass waits (a stalled engine)
@@ -57,6 +59,8 @@ class FakeRunner:
         self.calls.append(list(work))
         if any(t in self.poison for w in work for t in w.token_ids):
             raise RuntimeError("poisoned batch")
+        if self.num_good_calls is not None and len(self.calls) > self.num_good_calls:
+            raise RuntimeError(f"forward pass {len(self.calls)} failed")
         self.gate.wait()
         time.sleep(self.step_s + self.token_s * sum(len(w.token_ids) for w in work))
         ids = torch.arange(self.vocab_size, dtype=torch.float32)

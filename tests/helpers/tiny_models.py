@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 VOCAB = 128
+SERVABLE_VOCAB = 320  # the tokenizer's: 256 bytes, 3 specials, merges
 ARCHS = ("llama", "qwen3", "gemma3")
 
 
-def _config(arch: str) -> Any:
+def _config(arch: str, **overrides: Any) -> Any:
     import transformers as tf
 
     common: dict[str, Any] = dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         eos_token_id=1, bos_token_id=2, pad_token_id=0,
-    )  # fmt: skip
+    ) | overrides  # fmt: skip
     if arch == "llama":
         rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
@@ -35,16 +37,35 @@ def _config(arch: str) -> Any:
     raise ValueError(arch)
 
 
-def make_tiny_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
-    """Build a random model of `arch`, save it as safetensors into out_dir, return out_dir."""
+def make_tiny_model(arch: str, out_dir: Path, seed: int = 0, **config: Any) -> Path:
+    """Build a random model of `arch`, save it as safetensors into out_dir, return out_dir.
+
+    `config`: overrides of the transformers config (vocab_size, num_hidden_layers, ...)."""
     import transformers as tf
 
     torch.manual_seed(seed)
-    cfg = _config(arch)
+    cfg = _config(arch, **config)
     cls = tf.Gemma3ForCausalLM if arch == "gemma3" else tf.AutoModelForCausalLM
     model = cls.from_config(cfg, torch_dtype=torch.float32) if arch != "gemma3" else cls(cfg)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.2)  # norms too: random scales exercise the (1 + w) rules
     model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def make_servable_model(out_dir: Path, num_hidden_layers: int = 4, max_position_embeddings: int = 1024) -> Path:
+    """A random Llama with a tiny byte-level tokenizer (and ChatML template): a model directory `infer serve`
+    loads in a second. Its text is gibberish; use `ignore_eos` for a fixed length."""
+    from tests.helpers.fake_engine import CHATML, SPECIALS
+    from tests.helpers.tiny_tokenizer import train_byte_bpe
+
+    tokenizer = train_byte_bpe(SERVABLE_VOCAB, SPECIALS)
+    make_tiny_model(
+        "llama", out_dir, vocab_size=SERVABLE_VOCAB, num_hidden_layers=num_hidden_layers,
+        max_position_embeddings=max_position_embeddings, eos_token_id=tokenizer.token_to_id("<|im_end|>"),
+    )  # fmt: skip
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    (out_dir / "chat_template.jinja").write_text(CHATML, encoding="utf-8")
     return out_dir

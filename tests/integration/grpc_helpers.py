@@ -1,12 +1,17 @@
-"""In-process gRPC servers for integration tests: each on its own event-loop thread, on a free 127.0.0.1 port."""
+"""gRPC servers for integration tests on free 127.0.0.1 ports: in-process (each on its own event-loop thread),
+or `infer serve` in a subprocess, as users run it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -95,3 +100,55 @@ def running_server(model_dir: Path, **engine_overrides: Any) -> Iterator[ServerT
         yield server
     finally:
         server.stop()
+
+
+class ServeProcess:
+    """`infer serve` in a subprocess on free ports; `log` collects its stderr. `http`: with the OpenAI gateway."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *flags: str,
+        http: bool = True,
+        metrics: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        cmd = [sys.executable, "-m", "infer", "serve", "--grpc-port", "0", "--model", str(model_dir)]
+        cmd += ["--http-port", "0" if http else "off", "--metrics-port", "0" if metrics else "off"]
+        cmd += ["--max-model-len", "256", "--num-blocks", "64", *flags]  # NOTE: later flags win
+        environ = os.environ | {"PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=environ)
+        self.log: list[str] = []
+        self.port = self.http_port = self.metrics_port = 0
+        self._wanted = {"grpc"} | ({"http"} if http else set()) | ({"metrics"} if metrics else set())
+        self._listening = threading.Event()
+        threading.Thread(target=self._read_log, daemon=True).start()
+        if not self._listening.wait(120):
+            self.kill()
+            raise AssertionError("no listening address logged:\n" + "".join(self.log))
+
+    def _read_log(self) -> None:
+        assert self.proc.stderr is not None
+        seen: set[str] = set()
+        for line in self.proc.stderr:
+            self.log.append(line)
+            if m := re.search(r"gRPC listening on [\d.]+:(\d+)", line):
+                self.port = int(m.group(1))
+                seen.add("grpc")
+            if m := re.search(r"OpenAI gateway on http://[\d.]+:(\d+)", line):
+                self.http_port = int(m.group(1))
+                seen.add("http")
+            if m := re.search(r"Prometheus metrics on http://[\d.]+:(\d+)", line):
+                self.metrics_port = int(m.group(1))
+                seen.add("metrics")
+            if seen >= self._wanted:
+                self._listening.set()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

@@ -99,6 +99,7 @@ def test_model_info_and_tokenize(grpc_server: ServerThread, stub: pb_grpc.Infere
     assert info.model_id == "SmolLM2-135M-Instruct"
     assert (info.max_model_len, info.vocab_size) == (512, 49152)
     assert set(info.eos_token_ids) == set(core.eos_token_ids) and info.has_chat_template
+    assert info.kernels == core.runner.model.kernels.name and info.kernels in ("torch", "cpu")  # as loaded
     assert list(stub.Tokenize(pb.TokenizeRequest(text="Hello world"), timeout=10).token_ids) == core.tokenizer.encode(
         "Hello world"
     )

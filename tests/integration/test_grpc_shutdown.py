@@ -1,12 +1,9 @@
-"""`infer serve` in a subprocess: SIGTERM drains (NOT_SERVING, new RPCs refused, in-flight streams finish), exit 0."""
+"""`infer serve` in a subprocess: SIGTERM drains (GOAWAY, the listener closed, new RPCs refused, in-flight streams
+finish), exit 0. (With a second replica, clients move to it: test_grpc_drain.py.)"""
 
 from __future__ import annotations
 
-import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,47 +14,16 @@ import httpx
 import pytest
 
 from infer.clients import Chunk, InferClient, InferError, Sampling
+from tests.integration.grpc_helpers import ServeProcess
 
 STREAM = Sampling(max_tokens=64, temperature=0.0, ignore_eos=True)
-
-
-class ServeProcess:
-    def __init__(self, model_dir: Path, *flags: str) -> None:
-        cmd = [sys.executable, "-m", "infer", "serve", "--grpc-port", "0", "--http-port", "0", "--metrics-port", "off"]
-        cmd += ["--model", str(model_dir), "--max-model-len", "256", "--num-blocks", "64", *flags]
-        env = os.environ | {"PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
-        self.log: list[str] = []
-        self._port = threading.Event()
-        self.port = self.http_port = 0
-        threading.Thread(target=self._read_log, daemon=True).start()
-        if not self._port.wait(120):
-            self.proc.kill()
-            raise AssertionError("no listening address logged:\n" + "".join(self.log))
-
-    def _read_log(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.log.append(line)
-            if m := re.search(r"gRPC listening on [\d.]+:(\d+)", line):
-                self.port = int(m.group(1))
-            if m := re.search(r"OpenAI gateway on http://[\d.]+:(\d+)", line):
-                self.http_port = int(m.group(1))
-            if self.port and self.http_port:
-                self._port.set()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
 
 @pytest.fixture
 def serve(default_model_dir: Path) -> Iterator[ServeProcess]:
     server = ServeProcess(default_model_dir, "--shutdown-grace-s", "120")
     yield server
-    if server.proc.poll() is None:
-        server.proc.kill()
-        server.proc.wait(10)
+    server.kill()
 
 
 def test_sigterm_drains_then_exits_0(serve: ServeProcess) -> None:
@@ -80,10 +46,10 @@ def test_sigterm_drains_then_exits_0(serve: ServeProcess) -> None:
     serve.proc.send_signal(signal.SIGTERM)
 
     deadline = time.monotonic() + 10
-    while client.health() != "NOT_SERVING":
-        assert time.monotonic() < deadline, "health never flipped to NOT_SERVING"
+    while _health(client) == "SERVING":  # then GOAWAY: the server takes no new RPC, health checks included
+        assert time.monotonic() < deadline, "health never stopped saying SERVING"
         time.sleep(0.02)
-    with pytest.raises(InferError) as refused:
+    with pytest.raises(InferError) as refused:  # no other replica to go to
         client.complete("Hello", Sampling(max_tokens=2))
     assert refused.value.code is grpc.StatusCode.UNAVAILABLE
     assert not chunks[-1].finish_reason, "the stream should still be running while we check"
@@ -104,3 +70,10 @@ def test_one_command_serves_grpc_and_the_openai_gateway(serve: ServeProcess) -> 
     assert "Paris" in reply.json()["choices"][0]["message"]["content"]
     serve.proc.send_signal(signal.SIGINT)  # one Ctrl-C stops both
     assert serve.proc.wait(60) == 0
+
+
+def _health(client: InferClient) -> str:
+    try:
+        return client.health()
+    except InferError as e:
+        return e.code.name

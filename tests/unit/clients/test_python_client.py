@@ -44,7 +44,9 @@ class FakeServicer(pb_grpc.InferenceServiceServicer):
         )  # fmt: skip
 
     def GetModelInfo(self, request: Any, context: grpc.ServicerContext) -> pb.GetModelInfoResponse:  # noqa: N802
-        return pb.GetModelInfoResponse(model_id="fake", max_model_len=64, vocab_size=100, eos_token_ids=[2])
+        return pb.GetModelInfoResponse(
+            model_id="fake", max_model_len=64, vocab_size=100, eos_token_ids=[2], kernels="cpu"
+        )
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:  # noqa: N802
         if request.WhichOneof("input") == "messages":
@@ -87,7 +89,7 @@ def test_sync_client_streams_chunks_and_gathers_a_completion(fake: tuple[str, Fa
         assert chunks[1].timings is not None and chunks[1].timings.ttft_s == pytest.approx(0.2)
         completion = client.complete("Hello")
         assert (completion.text, completion.token_ids, completion.finish_reason) == ("Hello", [1, 2], "stop")
-        assert client.model_info().model_id == "fake"
+        assert client.model_info().model_id == "fake" and client.model_info().kernels == "cpu"
         assert client.tokenize("abc", add_special_tokens=True) == [3, 1]
         assert client.tokenize([{"role": "user", "content": "x"}]) == [1]
         assert client.health() == "SERVING"

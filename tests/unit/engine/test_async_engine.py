@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infer.engine.async_engine import AsyncEngine
+from infer.engine.async_engine import AsyncEngine, WarmupError
 from infer.engine.config import EngineConfig
 from infer.engine.request import FinishReason, RequestOutput
 from infer.engine.sampling_params import SamplingParams
@@ -71,3 +71,22 @@ def test_explicit_abort_ends_the_stream(engine: AsyncEngine) -> None:
     last = asyncio.run(main())
     assert last.finish_reason is FinishReason.ABORT
     engine.core.block_manager.assert_no_leaks()
+
+
+def test_warmup_decodes_several_steps_and_fails_loudly() -> None:
+    """The warm-up runs a prefill and several decode steps; a forward pass that fails in any of them raises
+    (it used to end quietly, and the server reported SERVING over an engine that failed every request)."""
+    from tests.helpers.fake_engine import fake_core
+
+    core, runner = fake_core()
+    engine = AsyncEngine(core)
+    try:
+        asyncio.run(engine.warmup())
+        assert len(runner.calls) >= 8  # one prefill pass, then a decode pass per token after the first
+        core.block_manager.assert_no_leaks()
+        runner.calls.clear()
+        runner.num_good_calls = 2  # the prefill and the first decode pass; the next one fails
+        with pytest.raises(WarmupError, match="warm-up request failed"):
+            asyncio.run(engine.warmup())
+    finally:
+        engine.shutdown()

@@ -1,16 +1,24 @@
-"""Loader errors name the problem: missing files, wrong shapes, missing tensors, unknown models."""
+"""Loading: errors name the problem (missing files, wrong shapes, missing tensors, unknown models); config.json is
+read once; the model runs on the kernel backend chosen when it was loaded."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from infer.engine import loader
+from infer.engine.config import EngineConfig
+from infer.engine.core import EngineCore
 from infer.engine.loader import ModelLoadError, load_model
+from infer.engine.model_config import ModelConfig
+from infer.engine.models import Linear
+from infer.engine.runner import ModelRunner, SeqWork
 from tests.helpers.tiny_models import make_tiny_model
 
 
@@ -82,3 +90,37 @@ def test_sharded_checkpoint_with_index(llama_dir: Path, tmp_path: Path) -> None:
     (d / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(ModelLoadError, match="missing weight files: model-00002-of-00002"):
         load_model(d)
+
+
+def test_max_model_len_beyond_the_model_is_refused_before_the_weights_are_read(llama_dir: Path, tmp_path: Path) -> None:
+    d = _copy(llama_dir, tmp_path / "m")
+    (d / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"max_model_len: must be <= the model's max_position_embeddings \(256\)"):
+        load_model(d, EngineConfig(max_model_len=257))
+
+
+def test_the_model_runs_on_the_backend_chosen_at_load(llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFER_KERNELS", "torch")
+    model = load_model(llama_dir)
+    assert model.kernels.name == "torch" and model.kernels.dtype == torch.float32
+    assert all(m.kernels is model.kernels for m in model.modules() if isinstance(m, Linear))
+    monkeypatch.setenv("INFER_KERNELS", "nonsense")  # read when the model loads, never again
+    logits = ModelRunner(model, num_blocks=4, block_size=4).execute([SeqWork([5, 6, 7], 0, [2], True)])
+    assert logits.shape == (1, 128)
+
+
+def test_an_engine_reads_config_json_once_and_reports_its_kernels(
+    default_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed = []
+    real = loader.parse_model_config
+
+    def counted(raw: dict[str, Any]) -> ModelConfig:
+        parsed.append(raw["model_type"])
+        return real(raw)
+
+    monkeypatch.setattr(loader, "parse_model_config", counted)
+    monkeypatch.setenv("INFER_KERNELS", "torch")
+    core = EngineCore.from_config(EngineConfig(model=str(default_model_dir), max_model_len=256, num_blocks=32))
+    assert parsed == ["llama"]
+    assert core.model_info.kernels == "torch" and core.config.max_model_len == 256

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
 
 import pytest
+import torch
 
-from infer.kernels import set_kernel_backend
+from infer.kernels import Kernels, select_kernels
+from tests.helpers.compiled import require_compiled_kernels
 from tests.helpers.device import ON_CUDA
 
 if not ON_CUDA:
@@ -30,7 +31,13 @@ if _early and not ON_CUDA:
 
 
 @pytest.fixture
-def backend() -> Iterator[None]:
-    """Lets a test force a backend with set_kernel_backend; restores INFER_KERNELS afterwards."""
-    yield
-    set_kernel_backend(None)
+def compiled() -> Kernels:
+    """The compiled CPU backend (skipped only where no C++ compiler exists)."""
+    require_compiled_kernels()
+    return select_kernels("cpu", torch.float32, "cpu")
+
+
+@pytest.fixture
+def reference() -> Kernels:
+    """The PyTorch reference backend."""
+    return select_kernels("cpu", torch.float32, "torch")

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infer import kernels
-from infer.kernels import AttentionSpec, cpu, set_kernel_backend
+from infer.kernels import AttentionSpec, cpu, select_kernels
 from infer.kernels.attention import paged_attention_ref
 from tests.helpers.compiled import require_compiled_kernels
 from tests.helpers.paged_batches import Shape, make_batch
@@ -25,9 +24,9 @@ def _refuse(*args: object, **kwargs: object) -> torch.Tensor:
     raise AssertionError("the compiled kernel ran")
 
 
-def test_forced_fallback_runs_the_reference(monkeypatch: pytest.MonkeyPatch, backend: None) -> None:
+def test_forced_fallback_runs_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFER_KERNELS", "torch")
-    set_kernel_backend(None)
+    kernels = select_kernels("cpu", torch.float32)
     monkeypatch.setattr(cpu, "paged_attention", _refuse)
     batch = make_batch([1, 6], [20, 6], Shape(4, 2, 64))
     *args, kc, vc = batch.args()
@@ -35,10 +34,11 @@ def test_forced_fallback_runs_the_reference(monkeypatch: pytest.MonkeyPatch, bac
     assert torch.equal(out, paged_attention_ref(*batch.args(), batch.meta, SPEC))
 
 
-def test_auto_runs_the_compiled_kernel_on_cpu_tensors(monkeypatch: pytest.MonkeyPatch, backend: None) -> None:
+def test_auto_runs_the_compiled_kernel_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     require_compiled_kernels()
     monkeypatch.delenv("INFER_KERNELS", raising=False)
-    set_kernel_backend(None)
+    kernels = select_kernels("cpu", torch.float32)
+    assert kernels.name == "cpu"
     calls = []
     compiled = cpu.paged_attention
     monkeypatch.setattr(cpu, "paged_attention", lambda *a: calls.append(1) or compiled(*a))
@@ -50,15 +50,16 @@ def test_auto_runs_the_compiled_kernel_on_cpu_tensors(monkeypatch: pytest.Monkey
 _WITHOUT_BUILD = """
 import logging, torch
 logging.basicConfig(level=logging.WARNING)
-from infer import kernels
+from infer.kernels import AttentionSpec, select_kernels
 from infer.kernels.attention import paged_attention_ref
 from tests.helpers.paged_batches import make_batch, Shape
-spec = kernels.AttentionSpec(scale=0.125)
+spec = AttentionSpec(scale=0.125)
 batch = make_batch([1, 6], [20, 6], Shape(4, 2, 64))
 for _ in range(2):
+    kernels = select_kernels("cpu", torch.float32)
     out = kernels.paged_attention(*batch.args(), batch.meta, spec)
     assert torch.equal(out, paged_attention_ref(*batch.args(), batch.meta, spec))
-print("reference ran")
+print("reference ran", kernels.name)
 """
 
 
@@ -67,13 +68,13 @@ def test_a_missing_build_falls_back_and_says_so_once(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[3]
     run = subprocess.run([sys.executable, "-c", _WITHOUT_BUILD], env=env, cwd=root, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "reference ran"
+    assert run.stdout.strip() == "reference ran torch"
     assert run.stderr.count("compiled CPU kernels not built") == 1
 
 
 def test_infer_kernels_cpu_without_a_build_is_an_error(tmp_path: Path) -> None:
     env = {**os.environ, "INFER_KERNEL_CACHE": str(tmp_path), "INFER_KERNELS": "cpu"}
-    code = "from infer.kernels import kernel_backend; kernel_backend()"
+    code = "import torch; from infer.kernels import select_kernels; select_kernels('cpu', torch.float32)"
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert run.returncode != 0 and "INFER_KERNELS=cpu but the compiled CPU kernels are not built" in run.stderr
 

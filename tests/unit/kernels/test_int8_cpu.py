@@ -6,9 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infer.kernels import set_kernel_backend
-from infer.kernels.int8 import int8_linear, int8_linear_ref, kernel_uses_bf16, quantize_int8
-from infer.kernels.linear import linear
+from infer.kernels import Kernels, select_kernels
+from infer.kernels.int8 import int8_linear_ref, kernel_uses_bf16, quantize_int8
 from tests.helpers.compiled import require_compiled_kernels
 
 
@@ -38,22 +37,26 @@ def test_compiled_kernel_matches_the_reference(rows: int, n: int, k: int) -> Non
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-5)
 
 
-def test_bf16_activations_and_leading_dims(backend: None) -> None:
-    require_compiled_kernels()
-    set_kernel_backend("cpu")
+def test_bf16_activations_and_leading_dims(compiled: Kernels) -> None:
     q = quantize_int8(_weight(80, 64))
     x = torch.randn(2, 3, 64).bfloat16()
-    out = int8_linear(x, q)
+    out = compiled.linear(x, q)
     assert out.shape == (2, 3, 80) and out.dtype == torch.bfloat16
     expected = int8_linear_ref(x.reshape(6, 64), q).view(2, 3, 80)
     torch.testing.assert_close(out, expected, atol=3e-2, rtol=3e-2)
 
 
-def test_close_to_the_float_layer_and_the_fallback_is_the_reference(backend: None) -> None:
+def test_close_to_the_float_layer_and_the_reference_backend_runs_the_reference(reference: Kernels) -> None:
     w, x = _weight(128, 96), torch.randn(7, 96)
-    q = quantize_int8(w)
-    set_kernel_backend("torch")
-    assert torch.equal(linear(x, q), int8_linear_ref(x, q))
+    q = reference.quantize(w, "int8")
+    assert torch.equal(reference.linear(x, q), int8_linear_ref(x, q))
     exact = F.linear(x, w)
-    assert float((linear(x, q) - exact).norm() / exact.norm()) < 0.01
-    assert torch.equal(linear(x, w), F.linear(x, w))
+    assert float((reference.linear(x, q) - exact).norm() / exact.norm()) < 0.01
+    assert torch.equal(reference.linear(x, w), F.linear(x, w))
+
+
+def test_a_format_the_backend_cannot_pack_or_a_device_off_the_cpu_is_refused(reference: Kernels) -> None:
+    with pytest.raises(ValueError, match="quantization 'int4'"):
+        reference.quantize(_weight(16, 16), "int4")
+    with pytest.raises(ValueError, match="int8 quantization runs on the CPU only"):
+        select_kernels("cuda", torch.float16, "torch").quantize(_weight(16, 16), "int8")

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infer.kernels import set_kernel_backend
-from infer.kernels.linear import SMALL_ROWS, linear
+from infer.kernels import Kernels, select_kernels
+from infer.kernels.compiled import SMALL_ROWS
 from tests.helpers.compiled import require_compiled_kernels
 
 
@@ -41,23 +41,21 @@ def test_small_linear_refuses_what_it_cannot_take() -> None:
         torch.ops.infer_cpu.small_linear(torch.randn(1, 8), torch.randn(3, 9), None)
 
 
-@pytest.mark.parametrize("kernels", ["cpu", "torch"])
+@pytest.mark.parametrize("name", ["cpu", "torch"])
 @pytest.mark.parametrize("shape", [(1, 64), (3, 1, 64), (SMALL_ROWS + 1, 64), (2, 7, 64)])
-def test_linear_equals_f_linear_for_any_rows_and_backend(backend: None, kernels: str, shape: tuple[int, ...]) -> None:
-    if kernels == "cpu":
+def test_linear_equals_f_linear_for_any_rows_and_backend(name: str, shape: tuple[int, ...]) -> None:
+    if name == "cpu":
         require_compiled_kernels()
-    set_kernel_backend(kernels)
+    kernels = select_kernels("cpu", torch.float32, name)
     gen = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(*shape, generator=gen), torch.randn(48, 64, generator=gen), torch.randn(48, generator=gen)
     with torch.inference_mode():
-        out = linear(x, w, b)
+        out = kernels.linear(x, w, b)
     assert out.shape == (*shape[:-1], 48)
     torch.testing.assert_close(out, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
 
 
-def test_linear_takes_the_kernel_for_a_few_fp32_rows_only(backend: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    require_compiled_kernels()
-    set_kernel_backend("cpu")
+def test_linear_takes_the_kernel_for_a_few_fp32_rows_only(compiled: Kernels, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, ...]] = []
     kernel = torch.ops.infer_cpu.small_linear
 
@@ -68,9 +66,9 @@ def test_linear_takes_the_kernel_for_a_few_fp32_rows_only(backend: None, monkeyp
     monkeypatch.setattr(torch.ops.infer_cpu, "small_linear", counting)
     w = torch.randn(16, 32)
     with torch.inference_mode():
-        linear(torch.randn(SMALL_ROWS, 32), w)
-        linear(torch.randn(SMALL_ROWS + 1, 32), w)  # a GEMM: torch's
-        linear(torch.randn(1, 32).bfloat16(), w.bfloat16())  # not fp32
+        compiled.linear(torch.randn(SMALL_ROWS, 32), w)
+        compiled.linear(torch.randn(SMALL_ROWS + 1, 32), w)  # a GEMM: torch's
+        compiled.linear(torch.randn(1, 32).bfloat16(), w.bfloat16())  # not fp32
     w.requires_grad_(True)
-    linear(torch.randn(1, 32), w)  # autograd needs a backward the kernel does not have
+    compiled.linear(torch.randn(1, 32), w)  # autograd needs a backward the kernel does not have
     assert calls == [(SMALL_ROWS, 32)]

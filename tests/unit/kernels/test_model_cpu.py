@@ -9,25 +9,17 @@ import pytest
 import torch
 
 from infer.engine.loader import load_model
-from infer.engine.models import CausalLM
-from infer.kernels import cpu, set_kernel_backend
+from infer.kernels import cpu
 from tests.helpers.compiled import require_compiled_kernels
 from tests.helpers.mixed_steps import greedy_mixed_steps
 from tests.helpers.tiny_models import ARCHS, make_tiny_model
 
 
-def _generate(model: CausalLM, backend: str) -> tuple[list[list[int]], torch.Tensor]:
-    set_kernel_backend(backend)
-    return greedy_mixed_steps(model)
-
-
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_tokens_match_the_reference_path(
-    arch: str, tmp_path: Path, backend: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_greedy_tokens_match_the_reference_path(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     require_compiled_kernels()
-    model = load_model(make_tiny_model(arch, tmp_path / arch))
-    expected_tokens, expected_logits = _generate(model, "torch")
+    model_dir = make_tiny_model(arch, tmp_path / arch)
+    expected_tokens, expected_logits = greedy_mixed_steps(load_model(model_dir, kernels="torch"))
     calls = []
     compiled = cpu.paged_attention
 
@@ -36,7 +28,8 @@ def test_greedy_tokens_match_the_reference_path(
         return compiled(*args)
 
     monkeypatch.setattr(cpu, "paged_attention", counted)
-    tokens, logits = _generate(model, "cpu")
+    model = load_model(model_dir, kernels="cpu")
+    tokens, logits = greedy_mixed_steps(model)
     assert len(calls) == 4 * model.cfg.num_layers  # the compiled kernel ran, every step, every layer
     assert tokens == expected_tokens and [len(t) for t in tokens] == [4, 3]
     torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=1e-4)

@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 import torch
 
+from infer.engine.config import EngineConfig
 from infer.engine.loader import load_model
-from infer.engine.models import CausalLM
-from infer.kernels import set_kernel_backend
 from tests.helpers.device import TEST_DEVICE
 from tests.helpers.mixed_steps import greedy_mixed_steps
 from tests.helpers.tiny_models import ARCHS, make_tiny_model
@@ -22,18 +21,11 @@ from infer.kernels import attention_triton  # noqa: E402
 from infer.kernels.attention_triton import paged_attention_triton  # noqa: E402
 
 
-def _generate(model: CausalLM) -> tuple[list[list[int]], torch.Tensor]:
-    set_kernel_backend(None)  # read INFER_KERNELS again
-    return greedy_mixed_steps(model)
-
-
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_tokens_match_the_torch_path(
-    arch: str, tmp_path: Path, backend: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model = load_model(make_tiny_model(arch, tmp_path / arch), device=TEST_DEVICE)
+def test_greedy_tokens_match_the_torch_path(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model_dir, config = make_tiny_model(arch, tmp_path / arch), EngineConfig(device=str(TEST_DEVICE))
     monkeypatch.setenv("INFER_KERNELS", "torch")
-    expected_tokens, expected_logits = _generate(model)
+    expected_tokens, expected_logits = greedy_mixed_steps(load_model(model_dir, config))
     launches = []
 
     def counted(*args: Any) -> torch.Tensor:
@@ -43,7 +35,9 @@ def test_greedy_tokens_match_the_torch_path(
 
     monkeypatch.setattr(attention_triton, "paged_attention_triton", counted)
     monkeypatch.setenv("INFER_KERNELS", "triton")
-    tokens, logits = _generate(model)
+    model = load_model(model_dir, config)
+    assert model.kernels.name == "triton"
+    tokens, logits = greedy_mixed_steps(model)
     assert len(launches) == 4 * model.cfg.num_layers  # the Triton kernel ran, every step, every layer
     assert tokens == expected_tokens and [len(t) for t in tokens] == [4, 3]
     torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=1e-4)

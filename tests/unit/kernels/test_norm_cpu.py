@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer import kernels
-from infer.kernels import set_kernel_backend
+from infer.kernels import Kernels, cpu
 from infer.kernels.norm import fused_add_rms_norm_ref, rms_norm_ref
 from tests.helpers.compiled import require_compiled_kernels
 
@@ -61,31 +60,28 @@ def test_the_kernels_refuse_what_they_cannot_take() -> None:
 def _calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     called: list[str] = []
     for name in ("rms_norm", "fused_add_rms_norm"):
-        original = getattr(kernels.cpu, name)
+        original = getattr(cpu, name)
 
         def counted(*args: object, _name: str = name, _original: object = original) -> object:
             called.append(_name)
             return _original(*args)  # type: ignore[operator]
 
-        monkeypatch.setattr(kernels.cpu, name, counted)
+        monkeypatch.setattr(cpu, name, counted)
     return called
 
 
-def test_the_public_norms_take_the_compiled_kernels_for_fp32_only(
-    monkeypatch: pytest.MonkeyPatch, backend: None
+def test_the_backends_norms_take_the_compiled_kernels_for_fp32_only(
+    monkeypatch: pytest.MonkeyPatch, compiled: Kernels, reference: Kernels
 ) -> None:
-    require_compiled_kernels()
-    set_kernel_backend("cpu")
     called = _calls(monkeypatch)
     x, residual, weight = _randn(3, 64), _randn(3, 64, seed=1), _randn(64, seed=2)
     with torch.inference_mode():
-        torch.testing.assert_close(kernels.rms_norm(x, weight, 1e-6), rms_norm_ref(x, weight, 1e-6))
-        kernels.fused_add_rms_norm(x, residual, weight, 1e-6)
+        torch.testing.assert_close(compiled.rms_norm(x, weight, 1e-6), rms_norm_ref(x, weight, 1e-6))
+        compiled.fused_add_rms_norm(x, residual, weight, 1e-6)
         assert called == ["rms_norm", "fused_add_rms_norm"]
-        bf16 = kernels.rms_norm(x.bfloat16(), weight.bfloat16(), 1e-6)  # bf16 rounds as the reference does
+        bf16 = compiled.rms_norm(x.bfloat16(), weight.bfloat16(), 1e-6)  # bf16 rounds as the reference does
         assert torch.equal(bf16, rms_norm_ref(x.bfloat16(), weight.bfloat16(), 1e-6))
-        kernels.fused_add_rms_norm(x.bfloat16(), residual.bfloat16(), weight.bfloat16(), 1e-6)
-    kernels.rms_norm(x, weight.requires_grad_(), 1e-6)  # autograd: the reference, which has a backward
-    set_kernel_backend("torch")
-    kernels.rms_norm(x.detach(), weight.detach(), 1e-6)
+        compiled.fused_add_rms_norm(x.bfloat16(), residual.bfloat16(), weight.bfloat16(), 1e-6)
+    compiled.rms_norm(x, weight.requires_grad_(), 1e-6)  # autograd: the reference, which has a backward
+    reference.rms_norm(x.detach(), weight.detach(), 1e-6)
     assert called == ["rms_norm", "fused_add_rms_norm"]

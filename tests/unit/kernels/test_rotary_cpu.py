@@ -1,12 +1,11 @@
-"""The compiled fp32 RoPE against the PyTorch reference, and when the public `apply_rotary` takes it."""
+"""The compiled fp32 RoPE against the PyTorch reference, and when the compiled backend's `apply_rotary` takes it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from infer import kernels
-from infer.kernels import set_kernel_backend
+from infer.kernels import Kernels, cpu
 from infer.kernels.rotary import RopeConfig, RotaryAngles, apply_rotary_ref, cos_sin_cache
 from tests.helpers.compiled import require_compiled_kernels
 
@@ -57,21 +56,21 @@ def test_it_refuses_what_it_cannot_take() -> None:
         torch.ops.infer_cpu.rotary(_qkv_heads(2, 2, 32), torch.tensor([0, 1]), cache, None)
 
 
-def test_apply_rotary_takes_the_compiled_kernel_for_fp32_only(monkeypatch: pytest.MonkeyPatch, backend: None) -> None:
-    require_compiled_kernels()
-    set_kernel_backend("cpu")
+def test_apply_rotary_takes_the_compiled_kernel_for_fp32_only(
+    monkeypatch: pytest.MonkeyPatch, compiled: Kernels
+) -> None:
     calls: list[torch.Tensor] = []
-    compiled = kernels.cpu.rotary
-    monkeypatch.setattr(kernels.cpu, "rotary", lambda x, *args: calls.append(x) or compiled(x, *args))
+    kernel = cpu.rotary
+    monkeypatch.setattr(cpu, "rotary", lambda x, *args: calls.append(x) or kernel(x, *args))
     cache = cos_sin_cache(NEOX, 64)
     positions = torch.tensor([3, 9])
     angles = RotaryAngles.lookup(positions, cache)
     x = _qkv_heads(2, 2, 64)
     with torch.inference_mode():
-        torch.testing.assert_close(kernels.apply_rotary(x, angles), apply_rotary_ref(x, positions, cache))
+        torch.testing.assert_close(compiled.apply_rotary(x, angles), apply_rotary_ref(x, positions, cache))
         assert len(calls) == 1
         out = torch.empty(2, 2, 64)
-        assert kernels.apply_rotary(x, angles, out) is out and len(calls) == 2
+        assert compiled.apply_rotary(x, angles, out) is out and len(calls) == 2
         bf16 = x.bfloat16()
-        assert torch.equal(kernels.apply_rotary(bf16, angles), apply_rotary_ref(bf16, positions, cache))
+        assert torch.equal(compiled.apply_rotary(bf16, angles), apply_rotary_ref(bf16, positions, cache))
         assert len(calls) == 2  # bf16: the reference

@@ -6,25 +6,19 @@ import ast
 from pathlib import Path
 
 import infer.engine
+from tests.helpers.imports import imports_from
 
 SERVER_DIR = Path(__file__).resolve().parents[3] / "server"
-
-
-def _engine_imports(path: Path) -> list[tuple[str, str]]:
-    """(module, name) of every `from infer.engine... import name` and `import infer.engine...` in a file."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("infer.engine"):
-            found += [(node.module or "", alias.name) for alias in node.names]
-        elif isinstance(node, ast.Import):
-            found += [(alias.name, "") for alias in node.names if alias.name.startswith("infer.engine")]
-    return found
 
 
 def test_server_imports_only_the_engines_public_names() -> None:
     files = sorted(SERVER_DIR.rglob("*.py"))
     assert len(files) > 10
-    imports = {(str(f.relative_to(SERVER_DIR)), module, name) for f in files for module, name in _engine_imports(f)}
+    imports = {
+        (str(f.relative_to(SERVER_DIR)), module, name)
+        for f in files
+        for module, name in imports_from(f, "infer.engine")
+    }
     assert imports, "the server must import the engine somewhere"
     outside = sorted((f, m, n) for f, m, n in imports if m != "infer.engine" or n not in infer.engine.__all__)
     assert outside == [], "import these from `infer.engine` (add to its __all__ if they are public)"

@@ -53,7 +53,8 @@ def test_drain_waits_for_in_flight_rpcs_and_refuses_new_ones() -> None:
 
         task = asyncio.create_task(rpc())
         await asyncio.sleep(0)
-        drain = asyncio.create_task(lifecycle.drain(grace_s=10))
+        await lifecycle.start_draining()
+        drain = asyncio.create_task(lifecycle.wait_idle(grace_s=10))
         await asyncio.sleep(0.05)
         assert lifecycle.state is State.DRAINING and not drain.done()
         assert await _health(lifecycle) == health_pb2.HealthCheckResponse.NOT_SERVING
@@ -71,7 +72,8 @@ def test_drain_gives_up_after_the_grace_period() -> None:
         lifecycle = Lifecycle()
         await lifecycle.serve(ENGINE)
         with lifecycle.in_flight():
-            return await lifecycle.drain(grace_s=0.05)
+            await lifecycle.start_draining()
+            return await lifecycle.wait_idle(grace_s=0.05)
 
     assert asyncio.run(main()) is False
 

@@ -70,6 +70,21 @@ def test_prompt_size_limits_reach_the_servicer_and_are_checked() -> None:
             parse([flag, "0"])
 
 
+def test_connection_age_settings_take_none_for_off() -> None:
+    env = {"INFER_MAX_CONNECTION_AGE_S": "none", "INFER_MAX_CONNECTION_AGE_GRACE_S": "45"}
+    config = parse([], env)
+    assert config.max_connection_age_s is None and config.max_connection_age_grace_s == 45.0
+    assert parse(["--max-connection-age-s", "120.5"], env).max_connection_age_s == 120.5
+    assert parse([]).max_connection_age_grace_s is None  # by default, age never cuts a stream
+    with pytest.raises(ValueError, match="max_connection_age_s"):
+        parse(["--max-connection-age-s", "0"])
+    with pytest.raises(ValueError, match="max_connection_age_grace_s"):
+        parse(["--max-connection-age-grace-s", "-1"])
+    parser = argparse.ArgumentParser()
+    add_settings(parser, {})
+    assert "(±10%)" in parser.format_help()  # a help text with a percent sign renders
+
+
 def test_docs_table_is_current() -> None:
     assert settings_markdown() in DOCS.read_text(), "docs/configuration.md: paste settings_markdown()"
     readme = DOCS.parents[1] / "README.md"

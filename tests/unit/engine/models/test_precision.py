@@ -11,12 +11,12 @@ from torch import nn
 from infer.engine.config import EngineConfig
 from infer.engine.loader import load_model
 from infer.engine.runner import ModelRunner, SeqWork
-from infer.kernels.int8 import Int8Weight
+from infer.kernels import Int8Weight
 from tests.helpers.tiny_models import ARCHS, VOCAB, make_tiny_model
 
 
-def _logits(model_dir: Path, quantization: str = "none", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    model = load_model(model_dir, dtype=dtype, quantization=quantization)
+def _logits(model_dir: Path, quantization: str = "none", dtype: str = "float32") -> torch.Tensor:
+    model = load_model(model_dir, EngineConfig(dtype=dtype, quantization=quantization))
     runner = ModelRunner(model, num_blocks=8, block_size=4)
     ids = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch.inference_mode():
@@ -25,20 +25,21 @@ def _logits(model_dir: Path, quantization: str = "none", dtype: torch.dtype = to
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize(("quantization", "dtype"), [("int8", torch.float32), ("none", torch.bfloat16)])
-def test_lower_precision_stays_close_to_fp32(arch: str, quantization: str, dtype: torch.dtype, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("quantization", "dtype"), [("int8", "float32"), ("none", "bfloat16")])
+def test_lower_precision_stays_close_to_fp32(arch: str, quantization: str, dtype: str, tmp_path: Path) -> None:
     model_dir = make_tiny_model(arch, tmp_path / arch)
     exact, lower = _logits(model_dir), _logits(model_dir, quantization, dtype)
     assert float((lower - exact).norm() / exact.norm()) < 0.05
     assert float((lower.argmax(-1) == exact.argmax(-1)).float().mean()) >= 0.75
 
 
-def test_int8_replaces_the_projections_and_lm_head_only(tmp_path: Path) -> None:
-    model = load_model(make_tiny_model("llama", tmp_path / "llama"), quantization="int8")
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: a tied LM head
+def test_int8_replaces_the_projections_and_lm_head_only(arch: str, tmp_path: Path) -> None:
+    model = load_model(make_tiny_model(arch, tmp_path / arch), EngineConfig(quantization="int8"))
     layer = model.layers[0]
-    for weight in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-        assert isinstance(weight, Int8Weight)
-    assert isinstance(model.lm_head, Int8Weight)
+    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        assert isinstance(linear.weight, Int8Weight)
+    assert isinstance(model.lm_head.weight, Int8Weight)
     assert isinstance(model.embed_tokens, nn.Parameter) and model.embed_tokens.dtype == torch.float32
     assert not any(p.dim() == 2 and p is not model.embed_tokens for p in model.parameters())
 

@@ -85,6 +85,7 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
     - `status:CODE[:details]`: fail at once with that gRPC status code;
     - `fail-midway`: two messages, then INTERNAL;
     - `endless`: one word every 20 ms until cancelled;
+    - `nan-logprobs`: NaN logprobs (what a sampler that underflowed would send);
     - anything else: max_tokens words of FAKE_WORDS (default 4), one per message, then usage.
     """
 
@@ -124,6 +125,9 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
             response = pb.GenerateResponse(request_id=request.request_id, token_ids=[i], text=word)
             if s.HasField("logprobs"):
                 response.logprobs.append(_logprobs(i, word, s.logprobs))
+                if prompt == "nan-logprobs":
+                    for lp in (response.logprobs[-1], *response.logprobs[-1].top):
+                        lp.logprob = float("nan")
             if i == num_tokens - 1 and prompt != "fail-midway":
                 response.finish_reason = pb.FINISH_REASON_LENGTH
                 response.usage.CopyFrom(pb.Usage(prompt_tokens=self.num_prompt_tokens, completion_tokens=num_tokens))

@@ -31,7 +31,7 @@ from tests.unit.server.gateway.gateway_helpers import (
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
 @pytest.mark.parametrize("body", [b"{", b"", b"\xff\xfe{", b"[1, 2]", b'"text"'])
 def test_malformed_json_is_400(http: httpx.Client, path: str, body: bytes) -> None:
-    error = error_of(http.post(path, content=body), 400)
+    error = error_of(http.post(path, content=body, headers={"Content-Type": "application/json"}), 400)
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_json"
 
 
@@ -46,7 +46,7 @@ def test_malformed_json_is_400(http: httpx.Client, path: str, body: bytes) -> No
         (COMPLETIONS, completion_body(n=0), "n", "invalid_value"),
         (COMPLETIONS, completion_body(n=129), "n", "invalid_value"),
         (COMPLETIONS, completion_body(prompt=[]), "prompt", "unsupported_value"),
-        (COMPLETIONS, completion_body(prompt=[1, "a"]), "prompt", "invalid_value"),
+        (COMPLETIONS, completion_body(prompt=[1, "a"]), "prompt[0]", "invalid_value"),
         (COMPLETIONS, completion_body(logprobs=21), "logprobs", "invalid_value"),
         (COMPLETIONS, completion_body(echo=True), "echo", "unsupported_value"),
         (COMPLETIONS, completion_body(best_of=3), "best_of", "unsupported_value"),
@@ -54,7 +54,12 @@ def test_malformed_json_is_400(http: httpx.Client, path: str, body: bytes) -> No
         (COMPLETIONS, completion_body(stream_options={"include_usage": True}), "stream_options", "unsupported_value"),
         (CHAT, chat_body(messages=[]), "messages", "invalid_value"),
         (CHAT, chat_body(messages=[{"role": "tool", "content": "x"}]), "messages[0].role", "invalid_value"),
-        (CHAT, chat_body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages[0].content", None),
+        (
+            CHAT,
+            chat_body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+            "messages[0].content[0]",
+            "unsupported_value",
+        ),
         (CHAT, chat_body(top_logprobs=2), "top_logprobs", "unsupported_value"),
         (CHAT, chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "unsupported_value"),
         (CHAT, chat_body(response_format={"type": "json_object"}), "response_format.type", "invalid_value"),
@@ -126,6 +131,7 @@ def test_upstream_status_maps_to_http(
         ("sampling.max_tokens: prompt (60 tokens) + max_tokens (16) exceeds max_model_len (64)", 400, "max_tokens",
          "context_length_exceeded"),
         ("request_id: 'x' is already in flight", 409, "X-Request-Id", "duplicate_request_id"),
+        ("request_id: must be 1 to 128 visible ASCII characters", 422, "X-Request-Id", "invalid_value"),
     ],
 )  # fmt: skip
 def test_upstream_invalid_argument_names_the_field(
@@ -183,7 +189,7 @@ def test_unknown_fields_are_ignored_and_logged_once(http: httpx.Client, caplog: 
     body = chat_body(**extras)
     body["messages"].append({"role": "assistant", "content": "Hi!", "refusal": None, "annotations": [], "audio": None})
     body["messages"].append({"role": "user", "content": "Again"})
-    caplog.set_level("INFO", logger="infer.server.gateway.routes")
+    caplog.set_level("INFO", logger="infer.server.gateway.schemas")
     for _ in range(2):
         assert http.post(CHAT, json=body).status_code == 200
     logged = [r.getMessage() for r in caplog.records if "ignoring the unknown field" in r.getMessage()]

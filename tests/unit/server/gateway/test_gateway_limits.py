@@ -25,6 +25,7 @@ from tests.unit.server.gateway.gateway_helpers import (
     wait_for,
 )
 
+JSON_HEAD = f"POST {COMPLETIONS} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
 LIMITS = HttpLimits(max_request_bytes=2048, header_timeout_s=0.5, body_timeout_s=0.5)
 READ_TIMEOUT_S = 10  # a bound on every socket read: the server must answer long before
 
@@ -77,17 +78,14 @@ def test_a_body_over_the_limit_is_refused_by_its_length(limited: RunningGateway,
 
 def test_a_body_shorter_than_its_length_times_out(limited: RunningGateway, errors: pytest.LogCaptureFixture) -> None:
     with _connect(limited) as sock:
-        head = (
-            f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
-        )
-        sock.sendall(head.encode() + b'{"model": ')
+        sock.sendall(f"{JSON_HEAD}Content-Length: 100\r\n\r\n".encode() + b'{"model": ')
         _timeout_error(_read_until_closed(sock), "http_body_timeout_s")
     assert "408" in errors.text
 
 
 def test_partial_headers_time_out(limited: RunningGateway, errors: pytest.LogCaptureFixture) -> None:
     with _connect(limited) as sock:
-        sock.sendall(f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\n".encode())
+        sock.sendall(f"POST {COMPLETIONS} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode())
         _timeout_error(_read_until_closed(sock), "http_header_timeout_s")
     wait_for(lambda: "partial request headers" in errors.text)
 
@@ -99,7 +97,7 @@ def test_an_idle_connection_is_closed_without_a_word(limited: RunningGateway, er
 
 def test_partial_headers_of_a_second_request_time_out(limited: RunningGateway) -> None:
     with _connect(limited) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         first = b""
         while b'"upstream"' not in first:
             first += sock.recv(65536)
@@ -110,9 +108,21 @@ def test_partial_headers_of_a_second_request_time_out(limited: RunningGateway) -
 
 def test_a_client_gone_mid_body_logs_one_info_line(limited: RunningGateway, errors: pytest.LogCaptureFixture) -> None:
     with _connect(limited) as sock:
-        head = f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
-        sock.sendall(head.encode() + b'{"model": ')
+        sock.sendall(f"{JSON_HEAD}Content-Length: 100\r\n\r\n".encode() + b'{"model": ')
     wait_for(lambda: "left before sending its whole body" in errors.text)
+
+
+def test_content_length_with_transfer_encoding_is_400_and_closed(limited: RunningGateway, fake: FakeInference) -> None:
+    # NOTE: RFC 9112 6.3: a request smuggling attempt; answer it, then close the connection
+    body = json.dumps(completion_body()).encode()
+    with _connect(limited) as sock:
+        head = f"{JSON_HEAD}Content-Length: {len(body)}\r\nTransfer-Encoding: chunked\r\n\r\n"
+        sock.sendall(head.encode() + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+        response = _read_until_closed(sock)  # returns once the server closes
+    head, _, error = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"connection: close" in head.lower()
+    assert "Transfer-Encoding" in json.loads(error)["error"]["message"]
+    assert fake.requests == []
 
 
 def test_a_chats_default_max_tokens_is_capped_by_the_servers_limit(

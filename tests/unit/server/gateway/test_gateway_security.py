@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import ssl
 import time
 from collections.abc import Iterator
@@ -12,6 +14,7 @@ import pytest
 
 from infer.clients.channel import ClientTls
 from infer.server.gateway import GatewayConfig, GatewayServer
+from infer.server.gateway.guard import HttpLimits
 from infer.server.security import ApiKeys, TlsFiles
 from tests.unit.server.gateway.gateway_helpers import (
     COMPLETIONS,
@@ -123,3 +126,16 @@ def test_an_idle_https_client_does_not_hold_the_shutdown(loop: LoopThread, certs
             loop.call(gateway.stop())
             # NOTE: this was the whole 30 s grace: the TLS close waited for the idle client's close_notify
             assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("hello", [b"", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"])  # nothing; half a ClientHello
+def test_a_stalled_tls_handshake_is_closed_by_the_header_timeout(loop: LoopThread, certs: Certs, hello: bytes) -> None:
+    tls, limits = TlsFiles(certs.server_cert, certs.server_key), HttpLimits(header_timeout_s=0.5)
+    with guarded(loop) as upstream, running_gateway(upstream.address, loop, tls=tls, limits=limits) as gateway:
+        with socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10) as sock:
+            sock.sendall(hello)
+            with contextlib.suppress(ConnectionResetError):  # closed the hard way: as good
+                # NOTE: asyncio's default handshake timeout held this for 60 s: the read timed out first
+                assert sock.recv(1024) == b""
+        with httpx.Client(verify=_verify(certs.ca), timeout=10) as http:  # a real handshake still works
+            assert http.get(f"https://127.0.0.1:{gateway.server.port}/health").status_code == 200

@@ -1,4 +1,5 @@
-"""The gateway's upstream channel balances requests over every address its target resolves to."""
+"""The gateway's upstream channel balances requests over every address its target resolves to, and moves them off
+a model server that drains (health NOT_SERVING) or refuses them (UNAVAILABLE)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,25 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.clients.types import SERVICE_NAME
 from infer.server.gateway.upstream import Upstream
 
 
 class CountingTokenizer(pb_grpc.InferenceServiceServicer):
     def __init__(self) -> None:
         self.num_calls = 0
+        self.refuse = False  # answer UNAVAILABLE, as a server that is loading or draining does
+        self.health = health.HealthServicer()
+        self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
 
     def Tokenize(self, request: pb.TokenizeRequest, context: Any) -> pb.TokenizeResponse:  # noqa: N802
         self.num_calls += 1
+        if self.refuse:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "not serving: the server is shutting down")
         return pb.TokenizeResponse(token_ids=[1, 2])
 
 
@@ -29,8 +37,9 @@ def two_servers() -> Iterator[tuple[list[int], list[CountingTokenizer]]]:
     ports, servicers, servers = [], [], []
     for _ in range(2):
         servicer = CountingTokenizer()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_InferenceServiceServicer_to_server(servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(servicer.health, server)
         ports.append(server.add_insecure_port("127.0.0.1:0"))
         server.start()
         servicers.append(servicer)
@@ -46,16 +55,36 @@ def test_requests_are_spread_over_all_resolved_addresses(
     """What a headless Service gives the separate gateway: one name, one address per model server pod."""
     ports, servicers = two_servers
     target = "ipv4:" + ",".join(f"127.0.0.1:{port}" for port in ports)
-    messages = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="Hi")])
 
-    async def call_20_times() -> None:
-        upstream = Upstream(target, timeout_s=10)
-        try:
-            for _ in range(20):
-                assert await upstream.num_prompt_tokens(messages) == 2
-        finally:
-            await upstream.close()
-
-    asyncio.run(call_20_times())
+    asyncio.run(_call_20_times(target))
     counts = [s.num_calls for s in servicers]
     assert sum(counts) == 20 and min(counts) > 0, counts  # pick-first would send all 20 to one server
+
+
+def test_a_draining_server_gets_no_request(two_servers: tuple[list[int], list[CountingTokenizer]]) -> None:
+    ports, (draining, other) = two_servers
+    draining.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+    draining.refuse = True
+    asyncio.run(_call_20_times("ipv4:" + ",".join(f"127.0.0.1:{port}" for port in ports)))
+    assert (draining.num_calls, other.num_calls) == (0, 20)  # its health watch keeps it out of the rotation
+
+
+def test_a_request_refused_unavailable_is_retried_on_another_server(
+    two_servers: tuple[list[int], list[CountingTokenizer]],
+) -> None:
+    """A server still healthy a moment ago (its health watch not yet seen) that refuses: the call moves on."""
+    ports, (refusing, other) = two_servers
+    refusing.refuse = True
+    asyncio.run(_call_20_times("ipv4:" + ",".join(f"127.0.0.1:{port}" for port in ports)))
+    assert other.num_calls == 20 and refusing.num_calls > 0
+
+
+async def _call_20_times(target: str) -> None:
+    """20 Tokenize calls through the gateway's upstream; each one must succeed."""
+    messages = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="Hi")])
+    upstream = Upstream(target, timeout_s=10)
+    try:
+        for _ in range(20):
+            assert await upstream.num_prompt_tokens(messages) == 2
+    finally:
+        await upstream.close()

@@ -1,0 +1,94 @@
+"""The compiled CPU backend: the C++ kernels of `csrc/` (built and loaded by `cpu.py`) where the profile said
+the reference is the bottleneck, the reference for the rest.
+
+- attention: fp32 and bf16 caches (no per-step plan: the kernel walks the block tables itself);
+- RMSNorm, residual-add + RMSNorm, RoPE: fp32 (bf16 stays on the reference, which rounds as transformers does);
+- `linear`: an int8 weight runs `int8_linear` (`int8.py` describes the packing); an fp32 weight at most
+  `SMALL_ROWS` rows (decode at batch 1-4) runs `small_linear`, a matrix-vector product that streams the
+  weight at memory speed where torch's GEMM reaches about a third of it; anything else `F.linear`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from infer.kernels import cpu
+from infer.kernels.attention import AttentionMetadata, AttentionSpec
+from infer.kernels.int8 import Int8Weight
+from infer.kernels.interface import LinearWeight
+from infer.kernels.reference import ReferenceKernels, over_rows
+from infer.kernels.rotary import RotaryAngles
+
+SMALL_ROWS = 4  # rows up to which the compiled matrix-vector kernel runs (its register tile)
+
+
+def takes_small_linear(x: torch.Tensor, weight: torch.Tensor) -> bool:  # x: [rows, in_features]
+    """Whether `small_linear` takes these: a few fp32 rows, rows of the weight contiguous, no autograd."""
+    return (
+        x.shape[0] <= SMALL_ROWS
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and weight.stride(-1) == 1
+        and not (torch.is_grad_enabled() and weight.requires_grad)  # NOTE: the custom op has no backward
+    )
+
+
+class CompiledCpuKernels(ReferenceKernels):
+    name = "cpu"
+    title = "compiled CPU"
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        if device.type != "cpu" or not cpu.load():
+            raise RuntimeError(f"the compiled CPU kernels need device cpu and a build ({cpu.library_path()})")
+        super().__init__(device, dtype)
+
+    def prepare_attention(
+        self, meta: AttentionMetadata, cache: torch.Tensor, sliding_windows: Iterable[int | None]
+    ) -> AttentionMetadata:
+        if cpu.supports_attention(cache, cache):
+            return meta
+        return super().prepare_attention(meta, cache, sliding_windows)
+
+    def paged_attention(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        spec: AttentionSpec,
+    ) -> torch.Tensor:
+        if cpu.supports_attention(query, k_cache):
+            return cpu.paged_attention(query, key, value, k_cache, v_cache, meta, spec)
+        return super().paged_attention(query, key, value, k_cache, v_cache, meta, spec)
+
+    def apply_rotary(self, x: torch.Tensor, angles: RotaryAngles, out: torch.Tensor | None = None) -> torch.Tensor:
+        if cpu.supports_rotary(x, angles.cache, out):
+            return cpu.rotary(x, angles.positions, angles.cache, out)
+        return super().apply_rotary(x, angles, out)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if cpu.supports_norm(x, weight):
+            return cpu.rms_norm(x, weight, eps)
+        return super().rms_norm(x, weight, eps)
+
+    def fused_add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if cpu.supports_fused_add_norm(x, residual, weight):
+            return cpu.fused_add_rms_norm(x, residual, weight, eps)
+        return super().fused_add_rms_norm(x, residual, weight, eps)
+
+    def linear(self, x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        if isinstance(weight, Int8Weight):
+            y: torch.Tensor = torch.ops.infer_cpu.int8_linear(
+                x2, weight.packed, weight.scale, bias, weight.out_features
+            )
+            return over_rows(x, weight.out_features, y)
+        if takes_small_linear(x2, weight):
+            return over_rows(x, weight.shape[0], torch.ops.infer_cpu.small_linear(x2, weight, bias))
+        return super().linear(x, weight, bias)
