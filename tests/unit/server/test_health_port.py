@@ -77,7 +77,7 @@ def test_the_health_port_follows_loading_serving_and_draining(ports: TwoPorts, l
     _load(ports, loop)
     assert _both(ports) == (SERVING, SERVING)
     assert _both(ports, "infer.v1.InferenceService") == (SERVING, SERVING)
-    loop.call(ports.server.lifecycle.drain(grace_s=0))  # what SIGTERM starts with
+    loop.call(ports.server.lifecycle.start_draining())  # what SIGTERM starts with
     assert _both(ports) == (NOT_SERVING, NOT_SERVING)
 
 
@@ -99,7 +99,7 @@ def test_a_watch_on_the_health_port_sees_each_change(ports: TwoPorts, loop: Loop
         assert seen.get(timeout=10) == NOT_SERVING
         _load(ports, loop)
         assert seen.get(timeout=10) == SERVING
-        loop.call(ports.server.lifecycle.drain(grace_s=0))
+        loop.call(ports.server.lifecycle.start_draining())
         assert seen.get(timeout=10) == NOT_SERVING
     finally:
         watch.cancel()
