@@ -71,20 +71,20 @@ class Scheduler(Generic[R]):
         return bool(self.requests)
 
     @property
-    def num_waiting(self) -> int:
-        return len(self._waiting)
-
-    @property
-    def num_running(self) -> int:
-        return len(self._running)
-
-    @property
     def waiting(self) -> list[R]:
         return [self.requests[rid] for rid in self._waiting]
 
     @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
     def running(self) -> list[R]:
         return [self.requests[rid] for rid in self._running]
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
 
     @property
     def num_never_scheduled(self) -> int:
