@@ -157,7 +157,7 @@ class EngineCore:
     def wait_for_work(self) -> None:
         """After a step that ran nothing: block until a request or an abort arrives, or `wake`. Requests that
         wait (a static batch still gathering) are polled every half static_batch_wait_s."""
-        self.inbox.wait(self.config.static_batch_wait_s / 2 if self.scheduler.num_waiting else None)
+        self.inbox.wait(self.config.static_batch_wait_s / 2 if self.scheduler.waiting else None)
 
     @property
     def has_work(self) -> bool:
@@ -202,8 +202,8 @@ class EngineCore:
     def _snapshot(self) -> EngineStats:
         sched, blocks, c = self.scheduler, self.block_manager, self.counters
         return EngineStats(
-            num_waiting=sched.num_waiting,
-            num_running=sched.num_running,
+            num_waiting=len(sched.waiting),
+            num_running=len(sched.running),
             num_blocks_used=blocks.num_used_blocks,
             num_blocks_free=blocks.num_free_blocks,
             num_preemptions_total=c.num_preemptions_total,

@@ -75,16 +75,8 @@ class Scheduler(Generic[R]):
         return [self.requests[rid] for rid in self._waiting]
 
     @property
-    def num_waiting(self) -> int:
-        return len(self._waiting)
-
-    @property
     def running(self) -> list[R]:
         return [self.requests[rid] for rid in self._running]
-
-    @property
-    def num_running(self) -> int:
-        return len(self._running)
 
     @property
     def num_never_scheduled(self) -> int:
