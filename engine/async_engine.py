@@ -117,10 +117,7 @@ class AsyncEngine:
                 did_work = False
             self._step_started_s = None
             if not did_work:
-                # static batching waits for its batch to fill: poll while requests wait
-                timeout = core.config.static_batch_wait_s / 2 if core.scheduler.waiting else None
-                core.wakeup.wait(timeout)
-                core.wakeup.clear()
+                core.wait_for_work()
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -172,6 +169,6 @@ class AsyncEngine:
 
     def shutdown(self) -> None:
         self._stopped.set()
-        self.core.wakeup.set()
+        self.core.wake()
         self._thread.join(timeout=10)
         self.core.structured.compiler.shutdown()

@@ -1,13 +1,14 @@
 """EngineCore: the step loop. Schedule, run one forward pass, sample, then stream deltas.
 
 Requests and aborts arrive through a thread-safe inbox and are taken in at the
-start of a step. Outputs leave through each request's sink callback.
+start of a step. The scheduler's table holds every request; outputs leave
+through each request's sink. After each step the core publishes a snapshot
+(`EngineStats`) that other threads read instead of the scheduler's state.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,9 +20,9 @@ import torch
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.detokenizer import IncrementalDetokenizer
-from infer.engine.inbox import Inbox, QueueFullError, Sink
+from infer.engine.inbox import Inbox, QueueFullError
 from infer.engine.interface import ModelInfo
-from infer.engine.request import FinishReason, Request, RequestOutput, Timings, TokenLogprob, Usage
+from infer.engine.request import FinishReason, LiveRequest, RequestOutput, Sink, TokenLogprob
 from infer.engine.runner import SeqWork
 from infer.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from infer.engine.sampling_params import SamplingParams
@@ -52,16 +53,6 @@ class Runner(Protocol):
         ...
 
 
-@dataclass
-class _Live:
-    """Engine-side companions of a request: its sink, detokenizer and generator."""
-
-    request: Request
-    sink: Sink
-    detokenizer: IncrementalDetokenizer
-    generator: torch.Generator | None
-
-
 @dataclass(frozen=True)
 class _StepWork:
     work: list[tuple[str, SeqWork]]
@@ -86,15 +77,13 @@ class EngineCore:
               f"({config.max_blocks_per_seq} blocks)")  # fmt: skip
         self.config, self.runner, self.tokenizer, self.model_info = config, runner, tokenizer, model_info
         self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.scheduler: Scheduler[LiveRequest] = Scheduler(config, self.block_manager)
         self.sampler = Sampler(config.seed, runner.device)
         self.eos_token_ids = frozenset(model_info.eos_token_ids)
-        self.live: dict[str, _Live] = {}
         self.counters = StepCounters(config.max_num_batched_tokens)
-        self.inbox = Inbox(config.max_waiting_requests)
-        self.wakeup = threading.Event()
+        self.inbox: Inbox[LiveRequest] = Inbox(config.max_waiting_requests, self._snapshot())
         compiler = GrammarCompiler(tokenizer, model_info.vocab_size, model_info.eos_token_ids)
-        self.structured = StructuredOutputs(compiler, config.max_num_seqs, self.wakeup.set)
+        self.structured = StructuredOutputs(compiler, config.max_num_seqs, self.inbox.wake)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
@@ -119,7 +108,7 @@ class EngineCore:
         )
         return cls(config, ModelRunner(model, num_blocks, config.block_size), tokenizer, info)
 
-    # intake (thread-safe)
+    # intake (any thread)
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         num_prompt, max_model_len, vocab = len(prompt_token_ids), self.config.max_model_len, self.model_info.vocab_size
         check("prompt", num_prompt > 0, "must not be empty")
@@ -134,26 +123,25 @@ class EngineCore:
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, sink: Sink) -> None:
         """Validate and enqueue; ValueError for bad input, QueueFullError when the queue is full."""
         self.validate(prompt_token_ids, params)
-        request = Request(request_id, list(prompt_token_ids), params, time.monotonic())
+        ids = list(prompt_token_ids)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens, params.stop)
+        request = LiveRequest(request_id, ids, params, time.monotonic(), sink=sink, detokenizer=detokenizer)
         if params.constraint is not None:
             request.grammar = self.structured.grammar(params.constraint)  # compiles off this thread from now
-        self.inbox.add(request, sink)
-        self.wakeup.set()
+        self.inbox.add(request)
 
     def abort(self, request_id: str) -> None:
+        """End the request at the next step (finish_reason abort); an id not in flight is ignored."""
         self.inbox.abort(request_id)
-        self.wakeup.set()
 
-    def abort_now(self, request_ids: Sequence[str]) -> None:
-        """Abort and end the requests before returning. Only on the thread that steps (the offline API)."""
-        for request_id in request_ids:
-            self.inbox.abort(request_id)
-        self._take_inbox()
-        self._count_waiting()
+    def stats(self) -> EngineStats:
+        """The snapshot published after the last step, with the requests not yet taken in counted as waiting.
+        Safe on any thread: it never reads the scheduler."""
+        return self.inbox.stats()
 
-    @property
-    def has_work(self) -> bool:
-        return self.scheduler.has_work or self.inbox.has_items or bool(self.structured.held)
+    def predict_ttft_s(self, num_prompt_tokens: int) -> float:
+        """Time until a new request's first token, from the work queued ahead of it."""
+        return self.stats().predict_ttft_s(num_prompt_tokens)
 
     @property
     def num_queued(self) -> int:
@@ -162,54 +150,99 @@ class EngineCore:
 
     @property
     def num_steps(self) -> int:
-        return self.counters.num_steps
+        return self.stats().num_steps
 
-    def _take_inbox(self) -> None:
-        for item in self.inbox.take():
-            if isinstance(item, str):
-                if item in self.live:
-                    self._finish(self.live[item], FinishReason.ABORT)
-                continue
-            self._admit(*item)
-            self.inbox.scheduled(item[0])  # after the scheduler has it: the queued work is never missed
+    def is_in_flight(self, request_id: str) -> bool:
+        """Whether the request was accepted and has not ended (its final output is sent when it ends)."""
+        return self.inbox.is_in_flight(request_id)
 
-    def _admit(self, request: Request, sink: Sink) -> None:
-        p = request.params
-        generator = None
-        if p.seed is not None and not p.is_greedy:
-            generator = torch.Generator(device=self.runner.device)
-            generator.manual_seed(p.seed)
-        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, p.skip_special_tokens, p.stop)
-        self.live[request.request_id] = _Live(request, sink, detok, generator)
-        if request.grammar is not None:
-            self.structured.hold(request)  # scheduled once its grammar has compiled: it holds up no one
-        else:
-            self.scheduler.add(request)
+    def wake(self) -> None:
+        """Make `wait_for_work` return now (to stop the thread that steps)."""
+        self.inbox.wake()
 
-    def _take_compiled(self) -> bool:
-        """Requests whose grammar is done join the scheduler, or fail; True if there were any."""
-        ready, failed = self.structured.take_compiled()
-        for request in ready:
-            self.scheduler.add(request)
-        for request, error in failed:
-            self.fail(request.request_id, error)
-        return bool(ready or failed)
+    # the thread that steps
+    def wait_for_work(self) -> None:
+        """After a step that ran nothing: block until a request or an abort arrives, or `wake`. Requests that
+        wait (a static batch still gathering) are polled every half static_batch_wait_s."""
+        self.inbox.wait(self.config.static_batch_wait_s / 2 if self.scheduler.waiting else None)
 
-    # the step
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work or self.inbox.has_items
+
     def step(self) -> bool:
         """One engine step; False when there was nothing to run."""
         self._take_inbox()
         has_compiled = self._take_compiled()
         out = self.scheduler.schedule(time.monotonic())
-        self._count_waiting()
-        if out.is_empty:
-            if not has_compiled:
-                self.structured.wait(0.01)  # a grammar compiling: not a busy loop (the offline API steps in one)
-            return has_compiled
+        if not out.is_empty:
+            self._run(out)
+        elif not has_compiled:
+            self.structured.wait(0.01)  # a grammar compiling: not a busy loop (the offline API steps in one)
+        self._publish()
+        return not out.is_empty or has_compiled
+
+    def abort_now(self, request_ids: Sequence[str]) -> None:
+        """Abort and end the requests before returning. Only on the thread that steps (the offline API)."""
+        for request_id in request_ids:
+            self.inbox.abort(request_id)
+        self._take_inbox()
+        self._publish()
+
+    def _take_inbox(self) -> None:
+        new, aborts = self.inbox.take()
+        for request in new:
+            request.generator = self._generator(request.params)
+            self.scheduler.add(request)  # a constrained one is scheduled once its grammar has compiled
+            if not request.is_ready:
+                self.structured.compiling(request)
+        for request_id in aborts:  # after the new requests: an abort may name one of them
+            aborted = self.scheduler.requests.get(request_id)
+            if aborted is not None:
+                self._finish(aborted, FinishReason.ABORT)
+
+    def _take_compiled(self) -> bool:
+        """Requests whose grammar is done get their matcher (the scheduler may now admit them), or fail;
+        True if there were any."""
+        ready, failed = self.structured.take_compiled()
+        for request, error in failed:
+            self.fail(request.request_id, error)
+        return bool(ready or failed)
+
+    def _generator(self, params: SamplingParams) -> torch.Generator | None:
+        if params.seed is None or params.is_greedy:
+            return None
+        generator = torch.Generator(device=self.runner.device)
+        generator.manual_seed(params.seed)
+        return generator
+
+    def _publish(self) -> None:
+        self.inbox.publish(self._snapshot())
+
+    def _snapshot(self) -> EngineStats:
+        sched, blocks, c = self.scheduler, self.block_manager, self.counters
+        return EngineStats(
+            num_waiting=len(sched.waiting),
+            num_running=len(sched.running),
+            num_blocks_used=blocks.num_used_blocks,
+            num_blocks_free=blocks.num_free_blocks,
+            num_preemptions_total=c.num_preemptions_total,
+            num_prompt_tokens_total=c.num_prompt_tokens_total,
+            num_generation_tokens_total=c.num_generation_tokens_total,
+            num_cached_tokens_total=c.num_cached_tokens_total,
+            tokens_per_s=c.throughput.tokens_per_s,
+            queued_tokens=sched.num_tokens_to_compute,
+            num_queued=sched.num_never_scheduled,
+            prefill_tokens_per_s=c.prefill_throughput.tokens_per_s,
+            num_steps=c.num_steps,
+        )
+
+    def _run(self, out: SchedulerOutput) -> None:
+        """Run the scheduled work: forward, sample, advance the scheduler, then stream each request's delta."""
         started_s = time.monotonic()
         step = self._step_work(out)
         logits = self._forward(step.work)
-        sampling = [rid for rid in step.sampling if rid in self.live]
+        sampling = [rid for rid in step.sampling if rid in self.scheduler.requests]
         sampled = self._sample(logits[: len(sampling)] if logits is not None else None, sampling)
         self.scheduler.update(out, {rid: t for rid, (t, _) in sampled.items()})
         elapsed_s = time.monotonic() - started_s
@@ -217,34 +250,7 @@ class EngineCore:
             StepRecord(out.total_tokens, step.num_prompt_tokens, len(sampled), len(out.preempted), elapsed_s)
         )
         for rid, (token_id, logprob) in sampled.items():
-            self._postprocess(self.live[rid], token_id, logprob)
-        return True
-
-    def _count_waiting(self) -> None:
-        never_scheduled = sum(1 for r in self.scheduler.waiting if r.first_scheduled_s is None)
-        self.inbox.count_waiting(never_scheduled + len(self.structured.held))
-
-    def stats(self) -> EngineStats:
-        """A snapshot for metrics; safe to read from another thread (values may be one step old)."""
-        sched, c = self.scheduler, self.counters
-        held = list(self.structured.held.values())
-        queued = sum(r.num_tokens - r.num_computed_tokens for r in (*sched.waiting, *sched.running, *held))
-        return EngineStats(
-            num_waiting=len(sched.waiting) + len(held) + self.inbox.num_unseen,
-            num_running=len(sched.running),
-            num_blocks_used=self.block_manager.num_used_blocks,
-            num_blocks_free=self.block_manager.num_free_blocks,
-            num_preemptions_total=c.num_preemptions_total,
-            num_prompt_tokens_total=c.num_prompt_tokens_total,
-            num_generation_tokens_total=c.num_generation_tokens_total,
-            num_cached_tokens_total=c.num_cached_tokens_total,
-            tokens_per_s=c.throughput.tokens_per_s,
-            queued_tokens=queued + self.inbox.num_unseen_tokens,
-        )
-
-    def predict_ttft_s(self, num_prompt_tokens: int) -> float:
-        """Time until a new request's first token, from the work queued ahead of it."""
-        return self.counters.predict_ttft_s(self.stats().queued_tokens + num_prompt_tokens)
+            self._postprocess(self.scheduler.requests[rid], token_id, logprob)
 
     def _step_work(self, out: SchedulerOutput) -> _StepWork:
         work: list[tuple[str, SeqWork]] = []
@@ -281,9 +287,9 @@ class EngineCore:
     def _sample(self, logits: torch.Tensor | None, rids: list[str]) -> dict[str, tuple[int, TokenLogprob | None]]:
         if logits is None or not rids:
             return {}
-        rows = [self._sampling_row(self.live[rid]) for rid in rids]
+        rows = [self._sampling_row(self.scheduler.requests[rid]) for rid in rids]
         try:
-            mask = self.structured.bitmask([self.live[rid].request for rid in rids])
+            mask = self.structured.bitmask([self.scheduler.requests[rid] for rid in rids])
             out: SamplerOutput = self.sampler(logits, rows, mask)
             return {rid: (out.token_ids[i], out.logprobs[i]) for i, rid in enumerate(rids)}
         except Exception:
@@ -291,80 +297,67 @@ class EngineCore:
         result: dict[str, tuple[int, TokenLogprob | None]] = {}
         for i, rid in enumerate(rids):
             try:
-                one_mask = self.structured.bitmask([self.live[rid].request])
+                one_mask = self.structured.bitmask([self.scheduler.requests[rid]])
                 one = self.sampler(logits[i : i + 1], rows[i : i + 1], one_mask)
                 result[rid] = (one.token_ids[0], one.logprobs[0])
             except Exception as e:
                 self.fail(rid, e)
         return result
 
-    def _sampling_row(self, live: _Live) -> SamplingRow:
-        r = live.request
+    def _sampling_row(self, r: LiveRequest) -> SamplingRow:
         banned = banned_token_ids(r, self.eos_token_ids)
-        return SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids, live.generator, banned)
+        return SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids, r.generator, banned)
 
-    def _postprocess(self, live: _Live, token_id: int, logprob: TokenLogprob | None) -> None:
+    def _postprocess(self, r: LiveRequest, token_id: int, logprob: TokenLogprob | None) -> None:
         try:
-            self._emit_token(live, token_id, logprob)
+            self._emit_token(r, token_id, logprob)
         except Exception as e:
-            self.fail(live.request.request_id, e)
+            self.fail(r.request_id, e)
 
-    def _emit_token(self, live: _Live, token_id: int, logprob: TokenLogprob | None) -> None:
-        r = live.request
+    def _emit_token(self, r: LiveRequest, token_id: int, logprob: TokenLogprob | None) -> None:
         if r.first_token_s is None:
             r.first_token_s = time.monotonic()
         if r.grammar is not None and not r.grammar.accept(token_id):
             raise RuntimeError(f"token {token_id} is outside the request's {r.grammar.constraint.kind} constraint")
         logprobs = [logprob] if logprob is not None else None
         # a stop token adds no text
-        text = "" if is_stop_token(token_id, r.params, self.eos_token_ids) else live.detokenizer.push([token_id])
-        hit_stop_string = live.detokenizer.stopped_on is not None
+        text = "" if is_stop_token(token_id, r.params, self.eos_token_ids) else r.detokenizer.push([token_id])
+        hit_stop_string = r.detokenizer.stopped_on is not None
         reason = finish_reason(r, token_id, hit_stop_string, self.eos_token_ids, self.config.max_model_len)
         if reason is None and r.grammar is not None and r.grammar.is_terminated:
             reason = FinishReason.STOP  # the constraint is complete
         if reason is None:
-            live.sink(RequestOutput(r.request_id, [token_id], text, logprobs))
+            r.sink(RequestOutput(r.request_id, [token_id], text, logprobs))
         else:
-            self._finish(live, reason, [token_id], text, logprobs)
+            self._finish(r, reason, [token_id], text, logprobs)
 
     def _finish(
         self,
-        live: _Live,
+        r: LiveRequest,
         reason: FinishReason,
         token_ids: Sequence[int] = (),
         text: str = "",
         logprobs: list[TokenLogprob] | None = None,
         error: str | None = None,
     ) -> None:
-        r = live.request
-        if r.request_id in self.scheduler.requests:
-            self.scheduler.finish(r.request_id)
-        else:
-            self.structured.drop(r.request_id)  # it was waiting for its grammar
-        del self.live[r.request_id]
-        self.inbox.done(r.request_id)
-        if reason in (FinishReason.LENGTH, FinishReason.STOP) and live.detokenizer.stopped_on is None:
-            text += live.detokenizer.flush()
-        now = time.monotonic()
-        usage = Usage(r.num_prompt_tokens, r.num_output_tokens, r.num_cached_tokens)
+        self.scheduler.finish(r.request_id)  # out of the table, its blocks freed
+        self.structured.drop(r.request_id)  # if its grammar was still compiling
+        self.inbox.release(r.request_id)  # its id may be used again
+        if reason in (FinishReason.LENGTH, FinishReason.STOP) and r.detokenizer.stopped_on is None:
+            text += r.detokenizer.flush()
         self.counters.num_cached_tokens_total += r.num_cached_tokens
-        timings = Timings(
-            queue_s=(r.first_scheduled_s or now) - r.arrival_time_s,
-            ttft_s=(r.first_token_s or now) - r.arrival_time_s,
-            total_s=now - r.arrival_time_s,
-            num_preemptions=r.num_preemptions,
-        )
-        out = RequestOutput(r.request_id, list(token_ids), text, logprobs, reason, usage, timings, error)
-        live.sink(out)
+        timings = r.timings(time.monotonic())
+        r.sink(RequestOutput(r.request_id, list(token_ids), text, logprobs, reason, r.usage(), timings, error))
 
     def fail(self, request_id: str, error: BaseException) -> None:
         """End one request with finish_reason `error`; the others go on."""
         logger.error("request %s failed: %r", request_id, error)
-        live = self.live.get(request_id)
-        if live is not None:
-            self._finish(live, FinishReason.ERROR, error=f"{type(error).__name__}: {error}")
+        request = self.scheduler.requests.get(request_id)
+        if request is not None:
+            self._finish(request, FinishReason.ERROR, error=f"{type(error).__name__}: {error}")
 
     def fail_all(self, error: BaseException) -> None:
-        """End every live request with finish_reason `error` (the step loop itself failed)."""
-        for request_id in list(self.live):
+        """End every request with finish_reason `error` (the step loop itself failed)."""
+        for request_id in list(self.scheduler.requests):
             self.fail(request_id, error)
+        self._publish()

@@ -1,78 +1,121 @@
-"""The engine's thread-safe inbox: requests and aborts from any thread, taken in by the step loop.
+"""The engine core's thread boundary: requests and aborts in from any thread, the step snapshot out.
 
-Requests and aborts share one queue, so an abort is taken in after the request it names (and an id
-reused after an abort is not aborted in turn). Only requests are counted as waiting: a burst of
-cancels must neither show as queued work nor fill the queue bound.
+New requests queue in arrival order. An abort is not a queue entry: it marks a request in flight to be
+ended at the next step, and is dropped with the request's id when the request ends (so an id reused
+later is never aborted by a stale cancel). After each step the stepping thread publishes an immutable
+`EngineStats`; readers on other threads get that snapshot plus the requests it does not show yet, read
+together under one lock, so no reader sees a request twice, or not at all, or the scheduler's lists.
 """
 
 from __future__ import annotations
 
-import queue
+import dataclasses
 import threading
-from collections.abc import Callable
+from typing import Generic, TypeVar
 
-from infer.engine.request import Request, RequestOutput
+from infer.engine.request import Request
+from infer.engine.stats import EngineStats
 from infer.engine.validation import check
 
-Sink = Callable[[RequestOutput], None]
-Item = tuple[Request, Sink] | str  # a new request, or the id of one to abort
+R = TypeVar("R", bound=Request)
 
 
 class QueueFullError(RuntimeError):
     """The waiting queue holds max_waiting_requests already; retry later."""
 
 
-class Inbox:
+class Inbox(Generic[R]):
     """Bounds the queue (requests accepted but not yet scheduled) and refuses ids already in flight."""
 
-    def __init__(self, max_waiting_requests: int) -> None:
+    def __init__(self, max_waiting_requests: int, snapshot: EngineStats) -> None:
         self.max_waiting_requests = max_waiting_requests
-        self._items: queue.SimpleQueue[Item] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self.num_queued = 0  # accepted but not yet scheduled: bounded by max_waiting_requests
-        self.num_unseen = 0  # requests still here (not yet seen by the scheduler); aborts are not counted
-        self.num_unseen_tokens = 0  # their prompt tokens
+        self._arrived = threading.Event()
+        self._new: list[R] = []  # added, not yet taken in by the stepping thread
+        self._taken: list[R] = []  # taken in, not yet in a published snapshot
+        self._num_unseen_tokens = 0  # prompt tokens of both
+        self._aborts: set[str] = set()  # ids in flight to end at the next step
         self._ids_in_flight: set[str] = set()
+        self._snapshot = snapshot
 
-    def add(self, request: Request, sink: Sink) -> None:
+    # any thread
+    def add(self, request: R) -> None:
         """Enqueue; ValueError for an id in flight, QueueFullError when the queue is full."""
         rid = request.request_id
         with self._lock:
             check("request_id", rid not in self._ids_in_flight, f"{rid!r} is already in flight")
-            if self.num_queued >= self.max_waiting_requests:
-                raise QueueFullError(f"{self.num_queued} requests are waiting (max_waiting_requests)")
-            self.num_queued += 1
-            self.num_unseen += 1
-            self.num_unseen_tokens += request.num_prompt_tokens
+            num_queued = self._num_queued()
+            if num_queued >= self.max_waiting_requests:
+                raise QueueFullError(f"{num_queued} requests are waiting (max_waiting_requests)")
             self._ids_in_flight.add(rid)
-        self._items.put((request, sink))
+            self._new.append(request)
+            self._num_unseen_tokens += request.num_prompt_tokens
+        self._arrived.set()
 
     def abort(self, request_id: str) -> None:
-        self._items.put(request_id)
-
-    def take(self) -> list[Item]:
-        """Everything that arrived, in order (the step loop's side)."""
-        items = []
-        while not self._items.empty():
-            items.append(self._items.get_nowait())
-        return items
-
-    def scheduled(self, request: Request) -> None:
-        """The scheduler has `request` now: it and its tokens are counted there."""
+        """End the request at the next step; an id not in flight is ignored (it ended, or never came)."""
         with self._lock:
-            self.num_unseen -= 1
-            self.num_unseen_tokens -= request.num_prompt_tokens
+            if request_id not in self._ids_in_flight:
+                return
+            self._aborts.add(request_id)
+        self._arrived.set()
 
-    def count_waiting(self, num_never_scheduled: int) -> None:
-        """Requests the scheduler holds but never scheduled still count against the queue bound."""
+    def stats(self) -> EngineStats:
+        """The last published snapshot, with the requests it does not show yet counted as waiting."""
         with self._lock:
-            self.num_queued = num_never_scheduled + self.num_unseen
+            s, num_unseen = self._snapshot, len(self._new) + len(self._taken)
+            return dataclasses.replace(
+                s,
+                num_waiting=s.num_waiting + num_unseen,
+                num_queued=s.num_queued + num_unseen,
+                queued_tokens=s.queued_tokens + self._num_unseen_tokens,
+            )
 
-    def done(self, request_id: str) -> None:
-        """The request ended: its id may be used again."""
+    @property
+    def num_queued(self) -> int:
+        """Requests accepted but never scheduled: bounded by max_waiting_requests."""
+        with self._lock:
+            return self._num_queued()
+
+    def is_in_flight(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._ids_in_flight
+
+    def wake(self) -> None:
+        """Return from `wait` at once."""
+        self._arrived.set()
+
+    # the stepping thread
+    def take(self) -> tuple[list[R], set[str]]:
+        """The requests that arrived, in order, and the ids to abort (after those requests are taken in)."""
+        with self._lock:
+            new, aborts = self._new, self._aborts
+            self._new, self._aborts = [], set()
+            self._taken += new
+        return new, aborts
+
+    def release(self, request_id: str) -> None:
+        """The request ended: its id may be used again, and a pending abort of it is moot."""
         with self._lock:
             self._ids_in_flight.discard(request_id)
+            self._aborts.discard(request_id)
+
+    def publish(self, snapshot: EngineStats) -> None:
+        """The engine's state after a step: it shows every request taken in so far."""
+        with self._lock:
+            self._snapshot = snapshot
+            self._num_unseen_tokens -= sum(r.num_prompt_tokens for r in self._taken)
+            self._taken = []
+
+    def wait(self, timeout_s: float | None) -> None:
+        """Block until a request or an abort arrives (or `wake`), at most timeout_s."""
+        self._arrived.wait(timeout_s)
+        self._arrived.clear()
 
     @property
     def has_items(self) -> bool:
-        return not self._items.empty()
+        with self._lock:
+            return bool(self._new or self._aborts)
+
+    def _num_queued(self) -> int:
+        return self._snapshot.num_queued + len(self._new) + len(self._taken)

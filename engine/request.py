@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+
     from infer.engine.structured_state import GrammarState
 
 
@@ -25,7 +29,7 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"  # this request failed; the engine goes on
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself, whatever its fields
 class Request:
     request_id: str
     prompt_token_ids: list[int]
@@ -41,6 +45,11 @@ class Request:
     grammar: GrammarState | None = None  # set when params.constraint is: compiling, then its matcher
 
     @property
+    def is_ready(self) -> bool:
+        """Whether it can be scheduled: it has no constraint, or its grammar has compiled."""
+        return self.grammar is None or self.grammar.matcher is not None
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
@@ -51,6 +60,11 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """Tokens whose K/V are not in the cache yet: the prompt (or what is left of it), then the newest token."""
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -64,6 +78,29 @@ class Request:
         if start >= num_prompt:
             return self.output_token_ids[start - num_prompt : end - num_prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - num_prompt]
+
+    def usage(self) -> Usage:
+        return Usage(self.num_prompt_tokens, self.num_output_tokens, self.num_cached_tokens)
+
+    def timings(self, now_s: float) -> Timings:
+        return Timings(
+            queue_s=(self.first_scheduled_s or now_s) - self.arrival_time_s,
+            ttft_s=(self.first_token_s or now_s) - self.arrival_time_s,
+            total_s=now_s - self.arrival_time_s,
+            num_preemptions=self.num_preemptions,
+        )
+
+
+@dataclass(eq=False, kw_only=True)
+class LiveRequest(Request):
+    """A request as the engine core runs it: where its deltas go, its text so far, its own random stream.
+
+    The scheduler's table holds these; the scheduler itself only reads the `Request` part.
+    """
+
+    sink: Sink
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None = None  # set on the stepping thread when the request is taken in
 
 
 @dataclass(frozen=True)
@@ -104,3 +141,6 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+Sink = Callable[[RequestOutput], None]  # where a request's deltas go; called on the stepping thread

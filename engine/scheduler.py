@@ -1,4 +1,4 @@
-"""The token-budget scheduler.
+"""The token-budget scheduler, and the request table: every request in the engine, by id, with its status.
 
 There is no prefill phase and no decode phase: each request has computed
 `num_computed_tokens` of its `num_tokens` and wants to catch up. A step hands
@@ -6,16 +6,25 @@ out tokens under one budget: running decodes first, then prefill chunks in
 progress, then waiting requests FCFS. When a running request cannot get a
 block, the most recently admitted running request is preempted and later
 recomputed. The output is plain data; the scheduler never touches tensors.
+
+The scheduler is the one owner of request state: `requests` is the table,
+and the waiting and running queues are ordered ids into it. A request enters
+with `add`, leaves with `finish` (which frees its blocks), and changes status
+only here. It lives on the stepping thread: other threads read the core's
+published snapshot, never these.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestStatus
+
+R = TypeVar("R", bound=Request)  # what the table holds: the core hangs its own companions on a request
 
 
 @dataclass(frozen=True)
@@ -39,44 +48,70 @@ class _Step:
     preempted: list[str] = field(default_factory=list)
 
 
-class Scheduler:
+@dataclass(frozen=True)
+class _Admission:
+    """What admitting a waiting request takes: its cached prefix, the tokens it computes now, the KV it reserves."""
+
+    cached_blocks: list[int]
+    num_cached_tokens: int
+    num_tokens: int
+    num_reserved_tokens: int
+
+
+class Scheduler(Generic[R]):
     def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
         self.config, self.blocks = config, block_manager
-        self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # admission order
+        self.requests: dict[str, R] = {}  # the request table
+        self._waiting: deque[str] = deque()  # FCFS; a preempted request goes back first
+        self._running: dict[str, None] = {}  # admission order: the last is preempted first
 
+    # views of the table
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.requests)
 
-    def add(self, request: Request) -> None:
+    @property
+    def waiting(self) -> list[R]:
+        return [self.requests[rid] for rid in self._waiting]
+
+    @property
+    def running(self) -> list[R]:
+        return [self.requests[rid] for rid in self._running]
+
+    @property
+    def num_never_scheduled(self) -> int:
+        """Waiting requests that never ran (a preempted one has): what the queue bound counts."""
+        return sum(1 for rid in self._waiting if self.requests[rid].first_scheduled_s is None)
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """Tokens every request still has to compute: waiting prompts, prefills in progress, the next decodes."""
+        return sum(r.num_tokens_to_compute for r in self.requests.values())
+
+    # enter and leave
+    def add(self, request: R) -> None:
+        assert request.request_id not in self.requests, f"request {request.request_id!r} is already in the table"
+        request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self._waiting.append(request.request_id)
 
-    def finish(self, request_id: str) -> Request:
-        """Remove a request (finished or aborted) and free its blocks."""
+    def finish(self, request_id: str) -> R:
+        """Remove a request (finished or aborted) from the table and free its blocks."""
         request = self.requests.pop(request_id)
         if request.status is RequestStatus.RUNNING:
-            self.running.remove(request)
+            del self._running[request_id]
             self.blocks.free(request_id)
         elif request.status is RequestStatus.WAITING:
-            self.waiting.remove(request)
+            self._waiting.remove(request_id)
         request.status = RequestStatus.FINISHED
         return request
 
+    # the step
     def schedule(self, now_s: float) -> SchedulerOutput:
         step = _Step(self.config.max_num_batched_tokens)
-        # decodes first (users are waiting), then prefill chunks in progress
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
-        for request in decodes + prefills:
-            if step.budget_tokens == 0:
-                break
-            if request.status is RequestStatus.RUNNING:
-                self._schedule_running(request, step)
+        self._schedule_running(step)
         if not step.preempted and self._may_admit(now_s):
-            self._admit(step, now_s)
+            self._schedule_waiting(step, now_s)
         out = SchedulerOutput(step.scheduled, tuple(step.preempted))
         assert out.total_tokens <= self.config.max_num_batched_tokens
         assert len(out.num_scheduled_tokens) <= self.config.max_num_seqs
@@ -85,23 +120,35 @@ class Scheduler:
 
     def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
         """Advance computed tokens after a step, and append the sampled tokens."""
+        bs = self.blocks.block_size
         for request_id, num_tokens in output.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
             before = request.num_computed_tokens
             request.num_computed_tokens += num_tokens
-            bs = self.blocks.block_size
             if request.num_computed_tokens // bs > before // bs:  # a block became full
                 self.blocks.cache_blocks(request_id, request.all_token_ids, request.num_computed_tokens)
         for request_id, token_id in sampled.items():
             if request_id in self.requests:
                 self.requests[request_id].output_token_ids.append(token_id)
 
-    def _schedule_running(self, request: Request, step: _Step) -> None:
-        num_tokens = min(request.num_tokens - request.num_computed_tokens, step.budget_tokens)
+    # running requests
+    def _schedule_running(self, step: _Step) -> None:
+        # decodes first (users are waiting), then prefill chunks in progress
+        running = self.running
+        decodes = [r for r in running if r.num_tokens_to_compute == 1]
+        prefills = [r for r in running if r.num_tokens_to_compute > 1]
+        for request in decodes + prefills:
+            if step.budget_tokens == 0:
+                break
+            if request.status is RequestStatus.RUNNING:  # not preempted earlier in this step
+                self._schedule_one(request, step)
+
+    def _schedule_one(self, request: R, step: _Step) -> None:
+        num_tokens = min(request.num_tokens_to_compute, step.budget_tokens)
         while not self.blocks.can_append(request.request_id, request.num_computed_tokens + num_tokens):
-            victim = self.running[-1]
+            victim = self.requests[next(reversed(self._running))]
             self._preempt(victim, step)
             if victim is request:
                 return
@@ -109,45 +156,62 @@ class Scheduler:
         step.scheduled[request.request_id] = num_tokens
         step.budget_tokens -= num_tokens
 
-    def _preempt(self, request: Request, step: _Step) -> None:
+    def _preempt(self, request: R, step: _Step) -> None:
         # free everything; the request recomputes prompt + output later, first in line
-        step.budget_tokens += step.scheduled.pop(request.request_id, 0)
-        self.running.remove(request)
-        self.blocks.free(request.request_id)
+        rid = request.request_id
+        step.budget_tokens += step.scheduled.pop(rid, 0)
+        del self._running[rid]
+        self.blocks.free(rid)
         request.status, request.num_computed_tokens = RequestStatus.WAITING, 0
         request.num_preemptions += 1
-        self.waiting.appendleft(request)
-        step.preempted.append(request.request_id)
+        self._waiting.appendleft(rid)
+        step.preempted.append(rid)
 
+    # waiting requests
     def _may_admit(self, now_s: float) -> bool:
         if self.config.batching == "continuous":
             return True
         # static: gather a batch (bounded wait), then admit nothing until it is done
-        if self.running or not self.waiting:
+        if self._running or not self._waiting:
             return False
-        full = len(self.waiting) >= self.config.max_num_seqs
-        return full or now_s - self.waiting[0].arrival_time_s >= self.config.static_batch_wait_s
+        full = len(self._waiting) >= self.config.max_num_seqs
+        first = self.requests[self._waiting[0]]
+        return full or now_s - first.arrival_time_s >= self.config.static_batch_wait_s
 
-    def _admit(self, step: _Step, now_s: float) -> None:
-        cfg, is_static = self.config, self.config.batching == "static"
-        while self.waiting and len(self.running) < cfg.max_num_seqs:
-            if step.budget_tokens == 0 and not is_static:
+    def _schedule_waiting(self, step: _Step, now_s: float) -> None:
+        is_static = self.config.batching == "static"
+        for rid in list(self._waiting):
+            if len(self._running) >= self.config.max_num_seqs or (step.budget_tokens == 0 and not is_static):
                 break
-            request = self.waiting[0]
-            cached = self.blocks.find_cached_prefix(request.all_token_ids)
-            num_cached = len(cached) * self.blocks.block_size
-            num_tokens = min(request.num_tokens - num_cached, step.budget_tokens)
-            if num_tokens < request.num_tokens - num_cached and not cfg.enable_chunked_prefill:
-                break
-            reserve = cfg.max_model_len if cfg.kv_reserve == "full" else num_cached + num_tokens
-            if not self.blocks.can_allocate(cached, reserve):
-                break
-            self.blocks.allocate(request.request_id, cached, reserve)
-            self.waiting.popleft()
-            self.running.append(request)
-            request.status, request.num_computed_tokens = RequestStatus.RUNNING, num_cached
-            if request.first_scheduled_s is None:
-                request.first_scheduled_s, request.num_cached_tokens = now_s, num_cached
-            if num_tokens > 0:
-                step.scheduled[request.request_id] = num_tokens
-                step.budget_tokens -= num_tokens
+            request = self.requests[rid]
+            if not request.is_ready:
+                continue  # its grammar is compiling: the requests behind it do not wait for that
+            admission = self._can_admit(request, step.budget_tokens)
+            if admission is None:
+                break  # FCFS: nobody overtakes the head of the queue
+            self._admit(request, admission, step, now_s)
+
+    def _can_admit(self, request: R, budget_tokens: int) -> _Admission | None:
+        """What admitting `request` now takes, or None when the budget or the free blocks do not allow it."""
+        cfg = self.config
+        cached = self.blocks.find_cached_prefix(request.all_token_ids)
+        num_cached = len(cached) * self.blocks.block_size
+        num_tokens = min(request.num_tokens - num_cached, budget_tokens)
+        if num_tokens < request.num_tokens - num_cached and not cfg.enable_chunked_prefill:
+            return None
+        reserve = cfg.max_model_len if cfg.kv_reserve == "full" else num_cached + num_tokens
+        if not self.blocks.can_allocate(cached, reserve):
+            return None
+        return _Admission(cached, num_cached, num_tokens, reserve)
+
+    def _admit(self, request: R, admission: _Admission, step: _Step, now_s: float) -> None:
+        rid = request.request_id
+        self.blocks.allocate(rid, admission.cached_blocks, admission.num_reserved_tokens)
+        self._waiting.remove(rid)  # the head, unless requests ahead of it wait for their grammar
+        self._running[rid] = None
+        request.status, request.num_computed_tokens = RequestStatus.RUNNING, admission.num_cached_tokens
+        if request.first_scheduled_s is None:
+            request.first_scheduled_s, request.num_cached_tokens = now_s, admission.num_cached_tokens
+        if admission.num_tokens > 0:
+            step.scheduled[rid] = admission.num_tokens
+            step.budget_tokens -= admission.num_tokens

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EngineStats:
+    """The engine after a step, as metrics, health and admission see it: a plain snapshot, safe on any thread."""
+
     num_waiting: int  # requests accepted and not yet running (pending aborts are not requests)
     num_running: int
     num_blocks_used: int
@@ -17,6 +19,16 @@ class EngineStats:
     num_cached_tokens_total: int  # prompt tokens served from the prefix cache
     tokens_per_s: float  # recent forward-pass throughput (0 before the first step)
     queued_tokens: int  # tokens still to compute: requests not yet scheduled, waiting and prefilling
+    num_queued: int = 0  # of the waiting requests, those never scheduled (what max_waiting_requests bounds)
+    prefill_tokens_per_s: float = 0.0  # recent prompt throughput of steps busy with prefill (0 until one ran)
+    num_steps: int = 0  # forward passes so far
+
+    def predict_ttft_s(self, num_prompt_tokens: int) -> float:
+        """Seconds until a new request's first token: the queued tokens and its own, at the prefill rate once
+        measured (the rate of all tokens is that of decode steps, one token per request per step, and far
+        lower); 0 before anything was measured."""
+        rate = self.prefill_tokens_per_s or self.tokens_per_s
+        return (self.queued_tokens + num_prompt_tokens) / rate if rate > 0 else 0.0
 
 
 class ThroughputMeter:
@@ -30,10 +42,6 @@ class ThroughputMeter:
             return
         rate = num_tokens / elapsed_s
         self.tokens_per_s = rate if self.tokens_per_s == 0 else (1 - self.alpha) * self.tokens_per_s + self.alpha * rate
-
-    def predict_s(self, num_tokens: int) -> float:
-        """Seconds to compute num_tokens at the recent rate; 0 when nothing has been measured yet."""
-        return num_tokens / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -65,11 +73,3 @@ class StepCounters:
         self.num_prompt_tokens_total += step.num_prompt_tokens
         self.num_generation_tokens_total += step.num_sampled
         self.num_preemptions_total += step.num_preempted
-
-    def predict_ttft_s(self, num_tokens: int) -> float:
-        """Seconds to compute num_tokens of mostly prompt: at the prefill rate once measured.
-
-        The rate of all tokens is that of decode steps, one token per request per step, and far lower.
-        """
-        meter = self.prefill_throughput if self.prefill_throughput.tokens_per_s > 0 else self.throughput
-        return meter.predict_s(num_tokens)

@@ -1,6 +1,6 @@
 """Constrained requests inside the engine: each one's grammar matcher, and one token bitmask per step.
 
-A request with a constraint waits here (not in the scheduler) until its grammar has compiled, so it
+A request with a constraint waits in the scheduler's queue, skipped, until its grammar has compiled, so it
 never holds up the batch; then it gets a matcher that advances on each token it is given. The matcher
 only ever sees output tokens, so chunked prefill, prefix-cache hits and preemption (which recomputes the
 same tokens) leave it as it is.
@@ -70,13 +70,13 @@ def apply_bitmask(logits: torch.Tensor, mask: TokenBitmask) -> None:
 
 
 class StructuredOutputs:
-    """The engine core's structured-output manager: compiles off the step thread, holds requests until their
-    grammar is ready, and builds each step's bitmask for the constrained rows only."""
+    """The engine core's structured-output manager: compiles off the step thread, follows the requests whose
+    grammar is compiling, and builds each step's bitmask for the constrained rows only."""
 
     def __init__(self, compiler: GrammarCompiler, max_num_rows: int, on_compiled: Callable[[], None]) -> None:
         self.compiler, self.on_compiled = compiler, on_compiled
         self.max_num_rows = max_num_rows
-        self.held: dict[str, Request] = {}  # waiting for their grammar, in arrival order
+        self.pending: dict[str, Request] = {}  # their grammar is compiling, in arrival order
         self._bits: torch.Tensor | None = None  # reused: [max_num_rows, ceil(vocab / 32)]
         self._batch: xgr.BatchGrammarMatcher | None = None
 
@@ -87,21 +87,21 @@ class StructuredOutputs:
         return GrammarState(constraint, future)
 
     # the step thread
-    def hold(self, request: Request) -> None:
-        self.held[request.request_id] = request
+    def compiling(self, request: Request) -> None:
+        self.pending[request.request_id] = request
 
     def drop(self, request_id: str) -> None:
-        self.held.pop(request_id, None)
+        self.pending.pop(request_id, None)
 
     def take_compiled(self) -> tuple[list[Request], list[tuple[Request, BaseException]]]:
-        """Held requests whose grammar is done: those now ready (matcher started), and those that failed."""
+        """Pending requests whose grammar is done: those now ready (matcher started), and those that failed."""
         ready: list[Request] = []
         failed: list[tuple[Request, BaseException]] = []
-        for request_id, request in list(self.held.items()):
+        for request_id, request in list(self.pending.items()):
             assert request.grammar is not None
             if not request.grammar.is_compiled:
                 continue
-            del self.held[request_id]
+            del self.pending[request_id]
             try:
                 request.grammar.start()
             except Exception as e:
@@ -111,8 +111,8 @@ class StructuredOutputs:
         return ready, failed
 
     def wait(self, timeout_s: float) -> None:
-        """Block until a held request's grammar is done, at most `timeout_s`."""
-        futures = [r.grammar.future for r in self.held.values() if r.grammar is not None]
+        """Block until a pending request's grammar is done, at most `timeout_s`."""
+        futures = [r.grammar.future for r in self.pending.values() if r.grammar is not None]
         if futures:
             concurrent.futures.wait(futures, timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
-from prometheus_client import start_http_server
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -27,6 +26,7 @@ from infer.server.gateway.origins import BrowserPolicy, cors, is_loopback_addres
 from infer.server.gateway.protocol import with_header_timeout
 from infer.server.gateway.routes import Routes
 from infer.server.gateway.upstream import Upstream
+from infer.server.metrics_http import start_metrics_server
 from infer.server.security import ApiKeys, TlsFiles
 
 logger = logging.getLogger(__name__)
@@ -241,7 +241,9 @@ class GatewayServer:
 
     def _serve_metrics(self, host: str, port: int) -> None:
         try:
-            self._metrics_http, _ = start_http_server(port, addr=host, registry=self.metrics.registry)
+            # NOTE: bounded like the other doors (metrics_http.py): prometheus_client's own server has no timeouts
+            header_timeout_s = self.config.limits.header_timeout_s
+            self._metrics_http = start_metrics_server(self.metrics.registry, host, port, header_timeout_s)
         except OSError as e:
             raise OSError(f"cannot serve the gateway's metrics on {host}:{port} (in use?): {e}") from None
         self.metrics_port = int(self._metrics_http.server_port)

@@ -1,17 +1,16 @@
 """The gateway's front door, an ASGI middleware: framing, browsers, API keys, the body's type, size and read
 time, quiet disconnects.
 
-- A key is needed everywhere but /health (probes carry none): 401 in OpenAI's shape.
 - Both Content-Length and Transfer-Encoding: 400 (RFC 9112 6.3: a smuggling attempt, close after answering).
 - A body larger than max_request_bytes: 413 (by its Content-Length at once, else once it grows past).
 - Browsers on the keyless default (`origins.py`): a foreign Origin, or a foreign Host on loopback: 403.
-- A key is needed everywhere but /health and /metrics (probes carry none): 401 in OpenAI's shape.
+- A key is needed everywhere but /health (probes carry none): 401 in OpenAI's shape.
 - A POST body that is not `Content-Type: application/json`: 415 (a web form or a text/plain fetch is not).
+- A body that does not arrive within body_timeout_s of the request's start: 408, connection closed.
+- A client gone before its body arrived: a one-line INFO log, no traceback.
 
 A refused request's body is read and dropped first (within the same size and time bounds): closing a socket
 with unread bytes in it makes the kernel reset the connection, and the client may lose the answer.
-- A body that does not arrive within body_timeout_s of the request's start: 408, connection closed.
-- A client gone before its body arrived: a one-line INFO log, no traceback.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from infer.engine.async_engine import AsyncEngine
 from infer.engine.config import EngineConfig
 from infer.server.app import InferenceServer
 from infer.server.settings import ServerConfig
+from tests.helpers.engine_state import is_idle
 from tests.helpers.fake_engine import fake_core
 
 T = TypeVar("T")
@@ -57,10 +58,9 @@ class ServerThread:
         """Until the engine holds no request and no KV block."""
         core = self.engine.core
         deadline = time.monotonic() + timeout_s
-        while core.live or core.has_work or core.block_manager.num_used_blocks:
+        while not is_idle(core):
             if time.monotonic() > deadline:
-                blocks = core.block_manager.num_used_blocks
-                raise AssertionError(f"engine not idle: live={list(core.live)} blocks={blocks}")
+                raise AssertionError(f"engine not idle: {core.stats()}")
             time.sleep(0.02)
         core.block_manager.assert_no_leaks()
 
@@ -147,6 +147,15 @@ class ServeProcess:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def wait_for_log(self, text: str, timeout_s: float = 30) -> str:
+        """The log so far, once a line holding `text` has been read (health can say SERVING before the reader
+        thread has seen the lines logged just before it)."""
+        deadline = time.monotonic() + timeout_s
+        while not any(text in line for line in self.log):
+            assert time.monotonic() < deadline, f"{text!r} not logged:\n" + "".join(self.log)
+            time.sleep(0.05)
+        return "".join(self.log)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

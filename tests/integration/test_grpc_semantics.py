@@ -178,7 +178,7 @@ def test_client_cancel_aborts_and_frees_blocks_within_one_step(
             break
     assert core.block_manager.num_used_blocks > 0
     call.cancel()
-    wait_for(lambda: "cancel-me" not in core.live, what="the abort")
+    wait_for(lambda: not core.is_in_flight("cancel-me"), what="the abort")
     assert core.num_steps - aborted["cancel-me"] <= 1  # freed at the start of the next step
     assert core.block_manager.num_used_blocks == 0
 
@@ -202,7 +202,7 @@ def test_client_disconnect_aborts_the_request(
     finally:
         os.kill(proc.pid, signal.SIGKILL)  # no goodbye: the connection just drops
         proc.wait(10)
-    wait_for(lambda: "disconnect-me" in aborted and "disconnect-me" not in core.live, what="the abort")
+    wait_for(lambda: "disconnect-me" in aborted and not core.is_in_flight("disconnect-me"), what="the abort")
     assert core.block_manager.num_used_blocks == 0
 
 
@@ -226,7 +226,7 @@ def test_deadline_shorter_than_the_predicted_ttft_is_refused_at_admission(
     server: ServerThread, stub: pb_grpc.InferenceServiceStub
 ) -> None:
     core = server.engine.core
-    assert core.counters.throughput.tokens_per_s > 0  # measured by the warm-up
+    assert core.stats().tokens_per_s > 0  # measured by the warm-up
     long_prompt = pb.TokenIds(ids=[100 + i % 1000 for i in range(450)])
     with paused_in_forward(core):
         with paused(core):  # both in the inbox, then both scheduled into the held forward pass

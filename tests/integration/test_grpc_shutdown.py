@@ -29,7 +29,7 @@ def serve(default_model_dir: Path) -> Iterator[ServeProcess]:
 def test_sigterm_drains_then_exits_0(serve: ServeProcess) -> None:
     client = InferClient(serve.address, timeout_s=120)
     client.wait_until_serving(timeout_s=120)
-    log = "".join(serve.log)
+    log = serve.wait_for_log("SERVING on")
     assert "model SmolLM2-135M-Instruct" in log and "64 KV blocks" in log and "on cpu" in log
 
     chunks: list[Chunk] = []

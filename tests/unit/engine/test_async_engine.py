@@ -12,6 +12,7 @@ from infer.engine.async_engine import AsyncEngine, WarmupError
 from infer.engine.config import EngineConfig
 from infer.engine.request import FinishReason, RequestOutput
 from infer.engine.sampling_params import SamplingParams
+from tests.helpers.engine_state import is_idle
 
 LONG = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
 
@@ -25,7 +26,7 @@ def engine(default_model_dir: Path) -> Iterator[AsyncEngine]:
 
 async def _until_idle(engine: AsyncEngine) -> None:
     for _ in range(200):
-        if not engine.core.live and not engine.core.has_work:
+        if is_idle(engine.core):
             return
         await asyncio.sleep(0.05)
     raise AssertionError("engine did not become idle")

@@ -36,7 +36,7 @@ def test_a_stalled_step_is_a_problem_until_it_ends() -> None:
         _wait(lambda: engine.problem(stall_timeout_s=0.05) is not None)
         assert "engine step has run for" in (engine.problem(stall_timeout_s=0.05) or "")
         runner.gate.set()
-        _wait(lambda: not core.live)
+        _wait(lambda: not core.is_in_flight("r"))
         assert engine.problem(stall_timeout_s=0.05) is None
     finally:
         runner.gate.set()
@@ -85,3 +85,27 @@ def test_a_failed_load_raises_from_from_config_and_leaves_no_thread(monkeypatch:
     with pytest.raises(ModelLoadError, match="no such model"):
         AsyncEngine.from_config(EngineConfig())
     assert threading.active_count() == before
+
+
+def test_the_thread_waits_on_the_cores_wait_for_work_and_stops_through_wake(monkeypatch: pytest.MonkeyPatch) -> None:
+    core, _ = fake_core()
+    waits: list[str] = []
+    wait_for_work = core.wait_for_work
+
+    def recording() -> None:
+        waits.append(threading.current_thread().name)
+        wait_for_work()
+
+    monkeypatch.setattr(core, "wait_for_work", recording)
+    engine = AsyncEngine(core)
+    try:
+        _wait(lambda: waits)  # idle: it sleeps in the core's own wait, not on the core's insides
+        num_waits = len(waits)
+        finished = threading.Event()
+        core.add_request("r", [5, 6], SamplingParams(max_tokens=3), lambda out: out.finished and finished.set())
+        assert finished.wait(10)  # a request wakes it
+        _wait(lambda: len(waits) > num_waits)  # and it goes back to waiting once done
+        assert set(waits) == {engine._thread.name}
+    finally:
+        engine.shutdown()
+    assert not engine._thread.is_alive()  # shutdown woke it through the core's `wake`

@@ -8,6 +8,7 @@ test_core_default_model.py.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 def fake(request: pytest.FixtureRequest) -> Iterator[tuple[LLM, FakeRunner]]:
     core, runner = fake_core(**getattr(request, "param", {}))
     yield LLM.from_core(core), runner
-    assert not core.live and not core.has_work
+    assert not core.has_work
     core.block_manager.assert_no_leaks()  # every test ends with every block free
 
 
@@ -247,10 +248,12 @@ def test_queued_tokens_count_requests_the_scheduler_has_not_seen(llm: LLM) -> No
     for i, prompt in enumerate(prompts):
         llm.core.add_request(f"q{i}", prompt, GREEDY, outputs.append)
     # nothing has stepped: the requests are still in the engine's inbox, yet they are work ahead of a newcomer
-    assert llm.core.stats().queued_tokens == sum(len(p) for p in prompts)
-    assert llm.core.stats().num_waiting == 3
-    llm.core.counters.prefill_throughput.tokens_per_s = 100.0
-    assert llm.core.predict_ttft_s(10) == pytest.approx((sum(len(p) for p in prompts) + 10) / 100)
+    stats = llm.core.stats()
+    assert stats.queued_tokens == sum(len(p) for p in prompts)
+    assert stats.num_waiting == 3
+    assert replace(stats, prefill_tokens_per_s=100.0).predict_ttft_s(10) == pytest.approx(
+        (sum(len(p) for p in prompts) + 10) / 100
+    )
     _run(llm.core)
     assert sum(o.finished for o in outputs) == 3 and llm.core.stats().queued_tokens == 0
 
@@ -260,9 +263,9 @@ def test_predicted_ttft_uses_the_prefill_rate_not_the_decode_rate(fake: tuple[LL
     runner.step_s = 0.002  # a forward pass costs about the same for one token or a chunk, as on a real CPU
     # one long prefill, then many one-token decode steps: the rate of all tokens falls to the decode rate
     llm.generate([list(range(3, 203))], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
-    counters = llm.core.counters
-    assert counters.prefill_throughput.tokens_per_s > 5 * counters.throughput.tokens_per_s
-    assert llm.core.predict_ttft_s(500) == pytest.approx(500 / counters.prefill_throughput.tokens_per_s)
+    stats = llm.core.stats()
+    assert stats.prefill_tokens_per_s > 5 * stats.tokens_per_s
+    assert llm.core.predict_ttft_s(500) == pytest.approx(500 / stats.prefill_tokens_per_s)
 
 
 @pytest.mark.parametrize(
@@ -303,3 +306,20 @@ def test_pending_aborts_are_not_waiting_requests(llm: LLM) -> None:
     assert llm.core.stats().num_waiting == 3  # infer_requests_waiting
     _run(llm.core)
     assert sum(o.finished for o in outputs) == 3 and llm.core.stats().num_waiting == 0
+
+
+def test_a_late_cancel_never_ends_a_new_request_that_reuses_the_id(llm: LLM) -> None:
+    outputs: list[RequestOutput] = []
+
+    def sink(out: RequestOutput) -> None:
+        outputs.append(out)
+        if out.finished and len(outputs) == 1:  # as the first one ends, its client cancels and sends the id again
+            llm.core.abort("same")
+            llm.core.add_request("same", [4], GREEDY, outputs.append)
+
+    llm.core.add_request("same", [1, 2, 3], SamplingParams(max_tokens=1), sink)
+    _run(llm.core)
+    llm.core.abort("never-sent")
+    assert not llm.core.has_work  # an abort is no queue entry: one of an unknown id is dropped at once
+    assert [o.finish_reason for o in outputs if o.finished] == [FinishReason.LENGTH] * 2
+    assert len(outputs[-1].token_ids) == 1 and sum(len(o.token_ids) for o in outputs) == 1 + GREEDY.max_tokens

@@ -37,7 +37,7 @@ CONSTRAINTS = {
 def fake(request: pytest.FixtureRequest) -> Iterator[tuple[LLM, FakeRunner]]:
     core, runner = fake_core(**getattr(request, "param", {}))
     yield LLM.from_core(core), runner
-    assert not core.live and not core.has_work
+    assert not core.has_work and not core.structured.pending
     core.block_manager.assert_no_leaks()
 
 

@@ -20,7 +20,7 @@ GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 def fake() -> Iterator[tuple[LLM, FakeRunner]]:
     core, runner = fake_core(max_waiting_requests=2, max_num_seqs=2)
     yield LLM.from_core(core), runner
-    assert not core.live and not core.has_work
+    assert not core.has_work
     core.block_manager.assert_no_leaks()
 
 
@@ -60,7 +60,7 @@ def test_a_failed_call_leaves_nothing_behind(fake: tuple[LLM, FakeRunner]) -> No
     llm.core.runner = interrupted
     with pytest.raises(KeyboardInterrupt):
         llm.generate([[3, 4, 5]] * 5, GREEDY)
-    assert not llm.core.live and not llm.core.has_work and llm.core.num_queued == 0
+    assert not llm.core.has_work and llm.core.num_queued == 0
     assert llm.core.block_manager.num_used_blocks == 0
     outputs = llm.generate([[3, 4, 5]] * 3, GREEDY)  # the LLM goes on as new
     assert [o.token_ids for o in outputs] == [_expected(runner, [3, 4, 5])] * 3
@@ -72,4 +72,4 @@ def test_a_stream_closed_early_aborts_its_request(fake: tuple[LLM, FakeRunner]) 
     first = next(stream)
     assert first.token_ids and not first.finished
     stream.close()
-    assert not llm.core.live and llm.core.block_manager.num_used_blocks == 0
+    assert not llm.core.has_work and llm.core.block_manager.num_used_blocks == 0

@@ -123,6 +123,7 @@ def test_preemption_takes_the_most_recently_admitted_request() -> None:
     assert s.waiting[0] is c
     assert c.num_computed_tokens == 0
     assert c.num_preemptions == 1
+    assert s.num_never_scheduled == 0  # c ran before: the queue bound does not count it again
 
 
 def test_preempted_request_is_recomputed_with_its_output() -> None:
@@ -155,3 +156,18 @@ def test_prefix_cache_hit_skips_computed_tokens() -> None:
     out = s.schedule(0.0)
     assert out.num_scheduled_tokens == {"b": 4}  # 8 tokens (2 blocks) came from the cache
     assert b.num_cached_tokens == 8
+
+
+def test_one_table_holds_every_request_and_the_queues_are_views_of_it() -> None:
+    s = make(max_num_seqs=1)
+    a, b = add(s, "a", 4), add(s, "b", 6)
+    assert s.num_tokens_to_compute == 10 and s.num_never_scheduled == 2
+    step(s)
+    assert s.running == [a] and s.waiting == [b] and s.requests == {"a": a, "b": b}
+    assert (a.status, b.status) == (RequestStatus.RUNNING, RequestStatus.WAITING)
+    assert s.num_tokens_to_compute == 1 + 6 and s.num_never_scheduled == 1  # a's next token, b's prompt
+    assert s.finish("b") is b and b.status is RequestStatus.FINISHED
+    assert s.waiting == [] and s.requests == {"a": a}
+    s.finish("a")
+    assert not s.has_work and s.running == [] and s.num_tokens_to_compute == 0
+    s.blocks.assert_no_leaks()

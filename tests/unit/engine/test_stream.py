@@ -11,6 +11,7 @@ import pytest
 from infer.engine.async_engine import AsyncEngine
 from infer.engine.request import FinishReason
 from infer.engine.sampling_params import SamplingParams
+from tests.helpers.engine_state import is_idle
 from tests.helpers.fake_engine import fake_core
 
 LONG = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
@@ -35,7 +36,7 @@ async def _until(predicate: object, timeout_s: float = 10) -> None:
 
 
 def _idle(engine: AsyncEngine) -> bool:
-    return not engine.core.live and not engine.core.has_work
+    return is_idle(engine.core)
 
 
 def test_leaving_async_with_aborts_at_once(engine: AsyncEngine) -> None:
@@ -58,7 +59,7 @@ def test_a_held_stream_runs_until_closed(engine: AsyncEngine) -> None:
         async for _ in stream:
             break
         await asyncio.sleep(0.05)
-        assert "held" in engine.core.live  # the documented contract: held and not closed, it goes on
+        assert engine.core.is_in_flight("held")  # the documented contract: held and not closed, it goes on
         await stream.aclose()
         await _until(lambda: _idle(engine))
         assert stream.finished

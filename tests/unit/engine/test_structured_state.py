@@ -32,7 +32,7 @@ def request(manager: StructuredOutputs, rid: str, constraint: Constraint | None)
     if constraint is not None:
         r.grammar = manager.grammar(constraint)
         r.grammar.future.exception(timeout=60)  # compiled (or failed)
-        manager.hold(r)
+        manager.compiling(r)
     return r
 
 
@@ -42,13 +42,13 @@ def allowed(mask: TokenBitmask, row: int, vocab_size: int) -> set[int]:
     return set(torch.nonzero(logits[row] == 0).flatten().tolist())
 
 
-def test_held_requests_leave_ready_or_failed(manager: StructuredOutputs) -> None:
+def test_pending_requests_leave_ready_or_failed(manager: StructuredOutputs) -> None:
     good = request(manager, "good", Constraint.regex("ab"))
     bad = request(manager, "bad", Constraint.regex("(("))
     ready, failed = manager.take_compiled()
     assert ready == [good] and good.grammar is not None and good.grammar.matcher is not None
     assert [r for r, _ in failed] == [bad] and "regex: does not compile" in str(failed[0][1])
-    assert manager.held == {}
+    assert manager.pending == {}
 
 
 def test_a_request_waits_while_its_grammar_compiles(manager: StructuredOutputs) -> None:
@@ -56,9 +56,9 @@ def test_a_request_waits_while_its_grammar_compiles(manager: StructuredOutputs) 
     assert r.grammar is not None
     r.grammar.future = type(r.grammar.future)()  # a compile still under way
     assert manager.take_compiled() == ([], [])
-    assert list(manager.held) == ["slow"]
+    assert list(manager.pending) == ["slow"]
     manager.drop("slow")
-    assert manager.held == {}
+    assert manager.pending == {}
 
 
 def test_the_matcher_follows_the_output_and_ends_with_the_grammar(manager: StructuredOutputs, tok: Tokenizer) -> None:

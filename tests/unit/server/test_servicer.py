@@ -90,8 +90,8 @@ def test_cancel_during_a_send_aborts_the_request_at_once(engine: AsyncEngine, mo
 
     asyncio.run(main())
     deadline_s = time.monotonic() + 10
-    while "leaves" in engine.core.live and time.monotonic() < deadline_s:
+    while engine.core.is_in_flight("leaves") and time.monotonic() < deadline_s:
         time.sleep(0.02)
-    assert "leaves" not in engine.core.live and len(context.writes) == 1
+    assert not engine.core.is_in_flight("leaves") and len(context.writes) == 1
     engine.core.block_manager.assert_no_leaks()
     telemetry.shutdown()

@@ -125,6 +125,19 @@ def test_content_length_with_transfer_encoding_is_400_and_closed(limited: Runnin
     assert fake.requests == []
 
 
+def test_the_metrics_port_times_out_like_the_others(upstream: FakeUpstream, loop: LoopThread) -> None:
+    # NOTE: prometheus_client's own server held an idle or slowloris connection (and a thread) for ever
+    with running_gateway(upstream.address, loop, limits=LIMITS, metrics_port=0) as gateway:
+        port = gateway.server.metrics_port
+        assert port is not None
+        with socket.create_connection(("127.0.0.1", port), timeout=READ_TIMEOUT_S) as sock:
+            assert _read_until_closed(sock) == b""
+        with socket.create_connection(("127.0.0.1", port), timeout=READ_TIMEOUT_S) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+            assert _read_until_closed(sock).startswith(b"HTTP/1.0 408")
+        assert "infer_gateway_requests_total" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+
+
 def test_a_chats_default_max_tokens_is_capped_by_the_servers_limit(
     limited: RunningGateway, fake: FakeInference
 ) -> None:

@@ -1,0 +1,124 @@
+"""What other threads read from the engine core: the snapshot it publishes after each step, never the scheduler.
+
+Metrics (`stats()`), deadline admission (`predict_ttft_s`) and the queue bound are read by the server's
+threads while the core steps on its own; each read must be one whole published state.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from infer.engine.async_engine import AsyncEngine
+from infer.engine.core import EngineCore
+from infer.engine.request import RequestOutput
+from infer.engine.runner import SeqWork
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.stats import EngineStats
+from tests.helpers.fake_engine import fake_core
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+class _Tripwire:
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"read the live {name!r} of the step loop's state")
+
+
+def _run(core: EngineCore) -> None:
+    while core.has_work:
+        core.step()
+
+
+def test_stats_never_read_the_scheduler_or_the_block_pool() -> None:
+    core, _ = fake_core()
+    outputs: list[RequestOutput] = []
+    core.add_request("running", list(range(3, 23)), GREEDY, outputs.append)
+    core.step()
+    core.add_request("queued", [5, 6, 7], GREEDY, outputs.append)
+    scheduler, blocks = core.scheduler, core.block_manager
+    core.scheduler, core.block_manager = _Tripwire(), _Tripwire()  # type: ignore[assignment]
+    try:
+        stats = core.stats()
+        predicted_s = core.predict_ttft_s(4)
+        num_queued = core.num_queued
+    finally:
+        core.scheduler, core.block_manager = scheduler, blocks
+    assert (stats.num_running, stats.num_waiting, num_queued) == (1, 1, 1)
+    assert stats.num_blocks_used == 2 and stats.queued_tokens == 1 + 3  # running's next token, queued's prompt
+    assert predicted_s == (stats.queued_tokens + 4) / stats.tokens_per_s
+    _run(core)
+    assert len([o for o in outputs if o.finished]) == 2
+
+
+def test_stats_during_a_step_show_the_last_published_step() -> None:
+    core, runner = fake_core()
+    outputs: list[RequestOutput] = []
+    for i, prompt in enumerate(([3, 4, 5, 6], [7, 8])):
+        core.add_request(f"r{i}", prompt, GREEDY, outputs.append)
+    before = core.stats()
+    seen: list[EngineStats] = []
+    execute = runner.execute
+
+    def spying(work: Sequence[SeqWork]) -> torch.Tensor:
+        seen.append(core.stats())  # the scheduler has admitted both by now; nothing is published yet
+        return execute(work)
+
+    runner.execute = spying  # type: ignore[method-assign]
+    core.step()
+    assert (before.num_waiting, before.num_running, before.queued_tokens) == (2, 0, 6)
+    assert seen == [before]  # each request counted once, as waiting, as at the last published state
+    after = core.stats()
+    assert (after.num_waiting, after.num_running, after.num_steps, after.queued_tokens) == (0, 2, 1, 2)
+    assert after.num_blocks_used == 2
+    _run(core)
+
+
+def test_stats_from_another_thread_while_steps_run_are_whole_states() -> None:
+    # a small pool and budget: chunked prefills, preemptions, requests arriving and leaving all the time
+    core, _ = fake_core(num_blocks=16, max_model_len=128, max_num_batched_tokens=32)
+    engine = AsyncEngine(core)
+    reads: list[EngineStats] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                reads.append(core.stats())
+            except BaseException as e:
+                errors.append(e)
+            stop.wait(0.0002)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    finals: list[RequestOutput] = []
+    done = threading.Event()
+    num_requests = 24
+
+    def sink(out: RequestOutput) -> None:
+        if out.finished:
+            finals.append(out)
+            if len(finals) == num_requests:
+                done.set()
+
+    try:
+        for i in range(num_requests):
+            core.add_request(f"r{i}", list(range(3, 3 + 5 + 3 * i)), GREEDY, sink)
+        assert done.wait(30)
+    finally:
+        stop.set()
+        reader.join(10)
+        engine.shutdown()
+    assert not errors and len(reads) > 10
+    for s in reads:
+        assert s.num_blocks_used + s.num_blocks_free == 16
+        assert 0 <= s.num_waiting + s.num_running <= num_requests
+        assert (s.num_running == 0) == (s.num_blocks_used == 0)  # running requests hold blocks, nobody else
+    totals = [s.num_generation_tokens_total for s in reads]
+    assert totals == sorted(totals)
+    assert core.stats().num_generation_tokens_total == num_requests * GREEDY.max_tokens
+    core.block_manager.assert_no_leaks()
