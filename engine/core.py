@@ -29,6 +29,8 @@ from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
 from infer.engine.stats import EngineStats, StepCounters, StepRecord
 from infer.engine.stopping import banned_token_ids, finish_reason, is_stop_token
+from infer.engine.structured import GrammarCompiler
+from infer.engine.structured_state import StructuredOutputs
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.validation import check
 
@@ -80,6 +82,8 @@ class EngineCore:
         self.eos_token_ids = frozenset(model_info.eos_token_ids)
         self.counters = StepCounters(config.max_num_batched_tokens)
         self.inbox: Inbox[LiveRequest] = Inbox(config.max_waiting_requests, self._snapshot())
+        compiler = GrammarCompiler(tokenizer, model_info.vocab_size, model_info.eos_token_ids)
+        self.structured = StructuredOutputs(compiler, config.max_num_seqs, self.inbox.wake)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
@@ -121,7 +125,10 @@ class EngineCore:
         self.validate(prompt_token_ids, params)
         ids = list(prompt_token_ids)
         detokenizer = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens, params.stop)
-        self.inbox.add(LiveRequest(request_id, ids, params, time.monotonic(), sink=sink, detokenizer=detokenizer))
+        request = LiveRequest(request_id, ids, params, time.monotonic(), sink=sink, detokenizer=detokenizer)
+        if params.constraint is not None:
+            request.grammar = self.structured.grammar(params.constraint)  # compiles off this thread from now
+        self.inbox.add(request)
 
     def abort(self, request_id: str) -> None:
         """End the request at the next step (finish_reason abort); an id not in flight is ignored."""
@@ -166,11 +173,14 @@ class EngineCore:
     def step(self) -> bool:
         """One engine step; False when there was nothing to run."""
         self._take_inbox()
+        has_compiled = self._take_compiled()
         out = self.scheduler.schedule(time.monotonic())
         if not out.is_empty:
             self._run(out)
+        elif not has_compiled:
+            self.structured.wait(0.01)  # a grammar compiling: not a busy loop (the offline API steps in one)
         self._publish()
-        return not out.is_empty
+        return not out.is_empty or has_compiled
 
     def abort_now(self, request_ids: Sequence[str]) -> None:
         """Abort and end the requests before returning. Only on the thread that steps (the offline API)."""
@@ -183,11 +193,21 @@ class EngineCore:
         new, aborts = self.inbox.take()
         for request in new:
             request.generator = self._generator(request.params)
-            self.scheduler.add(request)
+            self.scheduler.add(request)  # a constrained one is scheduled once its grammar has compiled
+            if not request.is_ready:
+                self.structured.compiling(request)
         for request_id in aborts:  # after the new requests: an abort may name one of them
             aborted = self.scheduler.requests.get(request_id)
             if aborted is not None:
                 self._finish(aborted, FinishReason.ABORT)
+
+    def _take_compiled(self) -> bool:
+        """Requests whose grammar is done get their matcher (the scheduler may now admit them), or fail;
+        True if there were any."""
+        ready, failed = self.structured.take_compiled()
+        for request, error in failed:
+            self.fail(request.request_id, error)
+        return bool(ready or failed)
 
     def _generator(self, params: SamplingParams) -> torch.Generator | None:
         if params.seed is None or params.is_greedy:
@@ -269,14 +289,16 @@ class EngineCore:
             return {}
         rows = [self._sampling_row(self.scheduler.requests[rid]) for rid in rids]
         try:
-            out: SamplerOutput = self.sampler(logits, rows)
+            mask = self.structured.bitmask([self.scheduler.requests[rid] for rid in rids])
+            out: SamplerOutput = self.sampler(logits, rows, mask)
             return {rid: (out.token_ids[i], out.logprobs[i]) for i, rid in enumerate(rids)}
         except Exception:
             logger.exception("sampling failed; retrying its requests one by one")
         result: dict[str, tuple[int, TokenLogprob | None]] = {}
         for i, rid in enumerate(rids):
             try:
-                one = self.sampler(logits[i : i + 1], rows[i : i + 1])
+                one_mask = self.structured.bitmask([self.scheduler.requests[rid]])
+                one = self.sampler(logits[i : i + 1], rows[i : i + 1], one_mask)
                 result[rid] = (one.token_ids[0], one.logprobs[0])
             except Exception as e:
                 self.fail(rid, e)
@@ -295,11 +317,15 @@ class EngineCore:
     def _emit_token(self, r: LiveRequest, token_id: int, logprob: TokenLogprob | None) -> None:
         if r.first_token_s is None:
             r.first_token_s = time.monotonic()
+        if r.grammar is not None and not r.grammar.accept(token_id):
+            raise RuntimeError(f"token {token_id} is outside the request's {r.grammar.constraint.kind} constraint")
         logprobs = [logprob] if logprob is not None else None
         # a stop token adds no text
         text = "" if is_stop_token(token_id, r.params, self.eos_token_ids) else r.detokenizer.push([token_id])
         hit_stop_string = r.detokenizer.stopped_on is not None
         reason = finish_reason(r, token_id, hit_stop_string, self.eos_token_ids, self.config.max_model_len)
+        if reason is None and r.grammar is not None and r.grammar.is_terminated:
+            reason = FinishReason.STOP  # the constraint is complete
         if reason is None:
             r.sink(RequestOutput(r.request_id, [token_id], text, logprobs))
         else:
@@ -315,6 +341,7 @@ class EngineCore:
         error: str | None = None,
     ) -> None:
         self.scheduler.finish(r.request_id)  # out of the table, its blocks freed
+        self.structured.drop(r.request_id)  # if its grammar was still compiling
         self.inbox.release(r.request_id)  # its id may be used again
         if reason in (FinishReason.LENGTH, FinishReason.STOP) and r.detokenizer.stopped_on is None:
             text += r.detokenizer.flush()

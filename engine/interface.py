@@ -14,6 +14,7 @@ from infer.engine.config import EngineConfig
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.stats import EngineStats
 from infer.engine.stream import RequestStream
+from infer.engine.structured import Constraint
 from infer.engine.tokenizer import Tokenizer
 
 
@@ -41,6 +42,11 @@ class EngineClient(Protocol):
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """ValueError naming the field when the request cannot run (empty prompt, too long, bad ids)."""
+        ...
+
+    async def compile_constraint(self, constraint: Constraint) -> None:
+        """Return once the constraint has compiled (off the event loop; the engine keeps the result for the
+        requests that use it); ValueError naming its kind when it does not compile."""
         ...
 
     def predict_ttft_s(self, num_prompt_tokens: int) -> float:

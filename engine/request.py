@@ -13,6 +13,8 @@ from infer.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from infer.engine.structured_state import GrammarState
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -40,6 +42,12 @@ class Request:
     num_preemptions: int = 0
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
+    grammar: GrammarState | None = None  # set when params.constraint is: compiling, then its matcher
+
+    @property
+    def is_ready(self) -> bool:
+        """Whether it can be scheduled: it has no constraint, or its grammar has compiled."""
+        return self.grammar is None or self.grammar.matcher is not None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,4 +1,4 @@
-"""Batched sampling on the device: penalties, temperature, top-k, top-p, min-p, seeds, logprobs.
+"""Batched sampling on the device: grammar masks, penalties, temperature, top-k, top-p, min-p, seeds, logprobs.
 
 Greedy rows take the argmax. Sampled rows draw with the exponential-race trick
 (argmax of probs / Exp(1) noise), so a request with a seed draws its noise
@@ -14,6 +14,7 @@ import torch
 
 from infer.engine.request import TokenLogprob
 from infer.engine.sampling_params import SamplingParams
+from infer.engine.structured_state import TokenBitmask, apply_bitmask
 
 LOGPROB_FLOOR = -9999.0  # the logprob of a token that cannot be drawn (banned): finite, so JSON can carry it
 
@@ -116,12 +117,17 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
-        """logits: [num_rows, vocab] fp32, one row per request that samples this step."""
+    def __call__(
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow], mask: TokenBitmask | None = None
+    ) -> SamplerOutput:
+        """logits: [num_rows, vocab] fp32, one row per request that samples this step; `mask`: the tokens
+        the constrained rows' grammars allow (applied first, so every later step sees only those)."""
         assert logits.shape[0] == len(rows)
         if not bool(torch.isfinite(logits).all()):
             raise FloatingPointError("the model's logits are not finite (NaN or inf)")
         logits = logits.clone()
+        if mask is not None:
+            apply_bitmask(logits, mask)
         _apply_penalties(logits, rows)
         _ban(logits, rows)
         token_ids = logits.argmax(dim=-1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from infer.engine.structured import Constraint
 from infer.engine.validation import check
 
 # NOTE: the sampler works in float32: a positive temperature or repetition penalty far below these divides the
@@ -30,6 +31,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None = off; n = the sampled token's logprob and the top n
     skip_special_tokens: bool = True
+    constraint: Constraint | None = None  # the output must match it (JSON schema, regex, grammar, choice)
 
     def __post_init__(self) -> None:
         # accept lists from callers; keep the dataclass hashable
@@ -49,6 +51,7 @@ class SamplingParams:
         check("stop", len(self.stop) <= 16, "at most 16 stop strings")
         check("stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "must be >= 0")
         check("seed", self.seed is None or 0 <= self.seed < 2**63, "must be in [0, 2**63)")
+        check("constraint", self.constraint is None or isinstance(self.constraint, Constraint), "must be a Constraint")
         if 0.0 < self.temperature < MIN_TEMPERATURE:
             object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         if self.repetition_penalty < MIN_REPETITION_PENALTY:

@@ -180,10 +180,12 @@ class Scheduler(Generic[R]):
 
     def _schedule_waiting(self, step: _Step, now_s: float) -> None:
         is_static = self.config.batching == "static"
-        while self._waiting and len(self._running) < self.config.max_num_seqs:
-            if step.budget_tokens == 0 and not is_static:
+        for rid in list(self._waiting):
+            if len(self._running) >= self.config.max_num_seqs or (step.budget_tokens == 0 and not is_static):
                 break
-            request = self.requests[self._waiting[0]]
+            request = self.requests[rid]
+            if not request.is_ready:
+                continue  # its grammar is compiling: the requests behind it do not wait for that
             admission = self._can_admit(request, step.budget_tokens)
             if admission is None:
                 break  # FCFS: nobody overtakes the head of the queue
@@ -205,7 +207,7 @@ class Scheduler(Generic[R]):
     def _admit(self, request: R, admission: _Admission, step: _Step, now_s: float) -> None:
         rid = request.request_id
         self.blocks.allocate(rid, admission.cached_blocks, admission.num_reserved_tokens)
-        self._waiting.popleft()
+        self._waiting.remove(rid)  # the head, unless requests ahead of it wait for their grammar
         self._running[rid] = None
         request.status, request.num_computed_tokens = RequestStatus.RUNNING, admission.num_cached_tokens
         if request.first_scheduled_s is None:

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.types import CHAT_ROLES, OPTIONAL_SAMPLING_FIELDS, REQUEST_ID
-from infer.engine import EngineClient, FinishReason, RequestOutput, SamplingParams, Tokenizer, TokenLogprob
+from infer.engine import (
+    Constraint,
+    EngineClient,
+    FinishReason,
+    RequestOutput,
+    SamplingParams,
+    Tokenizer,
+    TokenLogprob,
+    Tool,
+    ToolCallParser,
+    ToolChoice,
+    ToolChoiceMode,
+    ToolUse,
+)
 from infer.server.limits import InputBounds
 
 _FINISH_REASONS = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH}
+_TOOL_CHOICE_MODES = {
+    pb.TOOL_CHOICE_MODE_AUTO: ToolChoiceMode.AUTO,
+    pb.TOOL_CHOICE_MODE_NONE: ToolChoiceMode.NONE,
+    pb.TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode.REQUIRED,
+}
 
 
 def sampling_params(proto: pb.SamplingParams) -> SamplingParams:
@@ -18,9 +36,69 @@ def sampling_params(proto: pb.SamplingParams) -> SamplingParams:
     values: dict[str, Any] = {name: getattr(proto, name) for name in OPTIONAL_SAMPLING_FIELDS if proto.HasField(name)}
     values |= {"stop": tuple(proto.stop), "stop_token_ids": tuple(proto.stop_token_ids), "ignore_eos": proto.ignore_eos}
     try:
-        return SamplingParams(**values)
+        return SamplingParams(**values, constraint=_constraint(proto))
     except ValueError as e:
         raise ValueError(f"sampling.{e}") from None
+
+
+def _constraint(proto: pb.SamplingParams) -> Constraint | None:
+    kind = proto.WhichOneof("constraint")
+    if kind is None:
+        return None
+    if kind == "choice":
+        return Constraint.choice(list(proto.choice.choices))
+    if kind == "json_object":
+        return Constraint.json_object()
+    return Constraint.of(kind, getattr(proto, kind))
+
+
+def tool_use(request: pb.GenerateRequest | pb.TokenizeRequest, tokenizer: Tokenizer) -> ToolUse:
+    """The request's tools as its model calls them (none: a plain chat). ValueError names the field."""
+    tools = []
+    for i, t in enumerate(request.tools):
+        try:
+            tools.append(Tool(t.name, t.description, t.parameters))
+        except ValueError as e:
+            raise ValueError(f"tools[{i}].{e}") from None
+    choice = ToolChoice()
+    if isinstance(request, pb.GenerateRequest) and request.HasField("tool_choice"):
+        if request.tool_choice.WhichOneof("choice") == "function":
+            choice = ToolChoice(ToolChoiceMode.FUNCTION, request.tool_choice.function)
+        else:
+            choice = ToolChoice(_TOOL_CHOICE_MODES.get(request.tool_choice.mode, ToolChoiceMode.AUTO))
+    if tools and request.WhichOneof("input") != "messages":
+        raise ValueError("tools: only a chat (messages) can call tools")
+    parallel = True
+    if isinstance(request, pb.GenerateRequest) and request.HasField("parallel_tool_calls"):
+        parallel = request.parallel_tool_calls
+    return ToolUse.for_model(tools, choice, tokenizer, parallel)
+
+
+def with_tools(params: SamplingParams, use: ToolUse) -> SamplingParams:
+    """The constraint of tool_choice required / a named function, and the special tokens the parser reads."""
+    try:
+        constraint = use.constraint
+    except ValueError as e:  # the combined schema is too long
+        raise ValueError(f"tools: {e}") from None
+    if constraint is not None:
+        if params.constraint is not None:
+            raise ValueError(f"tool_choice: {use.choice.mode} constrains the output: sampling.{params.constraint.kind} "
+                             "cannot be set as well")  # fmt: skip
+        params = replace(params, constraint=constraint)
+    if use.needs_special_tokens:
+        params = replace(params, skip_special_tokens=False)
+    return params
+
+
+def constraint_error(error: ValueError, use: ToolUse) -> ValueError:
+    """A constraint that does not compile, named after the request's field."""
+    if use.constraint is None:
+        return ValueError(f"sampling.{error}")
+    detail = str(error).split(": ", 1)[-1]
+    if use.choice.mode is ToolChoiceMode.FUNCTION:
+        index = next(i for i, t in enumerate(use.tools) if t.name == use.choice.function)
+        return ValueError(f"tools[{index}].parameters: {detail}")
+    return ValueError(f"tools: the parameters of a tool {detail}")
 
 
 def check_request_id(request_id: str) -> None:
@@ -29,13 +107,24 @@ def check_request_id(request_id: str) -> None:
         raise ValueError("request_id: must be 1 to 128 visible ASCII characters")
 
 
-def _messages(proto: pb.ChatMessages) -> list[dict[str, str]]:
+def _messages(proto: pb.ChatMessages) -> list[dict[str, Any]]:
     messages = []
     for i, m in enumerate(proto.messages):
         if m.role not in CHAT_ROLES:
             raise ValueError(f"messages[{i}].role: {m.role!r} is not one of {', '.join(CHAT_ROLES)}")
         # "developer" is OpenAI's newer name for the system role; chat templates know "system"
-        messages.append({"role": "system" if m.role == "developer" else m.role, "content": m.content})
+        message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.content}
+        if m.tool_calls:
+            if m.role != "assistant":
+                raise ValueError(f"messages[{i}].tool_calls: only an assistant message has tool calls")
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}}
+                                     for c in m.tool_calls]  # fmt: skip
+        if m.role == "tool":
+            message["tool_call_id"] = m.tool_call_id
+            if m.name:
+                message["name"] = m.name
+        messages.append(message)
     return messages
 
 
@@ -69,26 +158,37 @@ def checked_input_size(request: pb.GenerateRequest | pb.TokenizeRequest, bounds:
 
 
 def _render_chat(
-    tokenizer: Tokenizer, messages: pb.ChatMessages, bounds: InputBounds, add_generation_prompt: bool = True
+    tokenizer: Tokenizer,
+    messages: pb.ChatMessages,
+    bounds: InputBounds,
+    use: ToolUse | None,
+    add_generation_prompt: bool = True,
 ) -> str:
     checked = _messages(messages)
+    variables: dict[str, Any] = {}
+    if use is not None:
+        checked, variables = use.render(checked)
     try:
-        text = tokenizer.apply_chat_template(checked, add_generation_prompt=add_generation_prompt)
+        text = tokenizer.apply_chat_template(checked, add_generation_prompt=add_generation_prompt, **variables)
     except ValueError as e:
         raise ValueError(f"messages: {e}") from None
     bounds.check_chars("messages", len(text), "the rendered chat is ")  # before it is tokenized
     return text
 
 
-def prompt_token_ids(request: pb.GenerateRequest, tokenizer: Tokenizer, bounds: InputBounds) -> list[int]:
-    """The prompt as token ids, from text, ids or chat messages. Call `checked_input_size` first."""
+def prompt_token_ids(
+    request: pb.GenerateRequest, tokenizer: Tokenizer, bounds: InputBounds, use: ToolUse | None = None
+) -> list[int]:
+    """The prompt as token ids, from text, ids or chat messages (with `use`'s tools). Call `checked_input_size`
+    first."""
     kind = request.WhichOneof("input")
     if kind == "prompt":
         return tokenizer.encode(request.prompt)
     if kind == "token_ids":
         return list(request.token_ids.ids)
     if kind == "messages":
-        return tokenizer.encode(_render_chat(tokenizer, request.messages, bounds), add_special_tokens=False)
+        text = _render_chat(tokenizer, request.messages, bounds, use)
+        return tokenizer.encode(text, add_special_tokens=False)
     raise ValueError("input: one of prompt, token_ids or messages is required")
 
 
@@ -100,13 +200,20 @@ def _logprob(lp: TokenLogprob, tokenizer: Tokenizer) -> pb.TokenLogprob:
     return pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, token=text(lp.token_id), top=top)
 
 
-def generate_response(out: RequestOutput, tokenizer: Tokenizer) -> pb.GenerateResponse:
-    """One streamed message; the last also carries finish reason, usage and timings."""
+def generate_response(
+    out: RequestOutput, tokenizer: Tokenizer, parser: ToolCallParser | None = None
+) -> pb.GenerateResponse:
+    """One streamed message; the last also carries finish reason, usage and timings. With a tool-call parser,
+    the text is what is not a call, and the calls are in `tool_calls`."""
     response = pb.GenerateResponse(request_id=out.request_id, token_ids=out.token_ids, text=out.text)
+    if parser is not None:
+        _parse_calls(response, out, parser)
     if out.logprobs:
         response.logprobs.extend(_logprob(lp, tokenizer) for lp in out.logprobs)
     if out.finish_reason in _FINISH_REASONS:
         response.finish_reason = _FINISH_REASONS[out.finish_reason]
+        if out.finish_reason is FinishReason.STOP and parser is not None and parser.has_calls:
+            response.finish_reason = pb.FINISH_REASON_TOOL_CALLS
     if out.usage is not None:
         u = out.usage
         response.usage.CopyFrom(pb.Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
@@ -116,6 +223,15 @@ def generate_response(out: RequestOutput, tokenizer: Tokenizer) -> pb.GenerateRe
         response.timings.CopyFrom(pb.Timings(queue_s=t.queue_s, ttft_s=t.ttft_s, total_s=t.total_s,
                                              num_preemptions=t.num_preemptions))  # fmt: skip
     return response
+
+
+def _parse_calls(response: pb.GenerateResponse, out: RequestOutput, parser: ToolCallParser) -> None:
+    parsed = [parser.feed(out.text)]
+    if out.finished:
+        parsed.append(parser.finish())
+    response.text = "".join(p.content for p in parsed)
+    for call in (c for p in parsed for c in p.calls):
+        response.tool_calls.add(index=call.index, id=call.id, name=call.name, arguments=call.arguments)
 
 
 def model_info(engine: EngineClient) -> pb.GetModelInfoResponse:
@@ -132,13 +248,13 @@ def model_info(engine: EngineClient) -> pb.GetModelInfoResponse:
 
 
 def tokenize(request: pb.TokenizeRequest, tokenizer: Tokenizer, bounds: InputBounds) -> pb.TokenizeResponse:
-    """Call `checked_input_size` first."""
+    """Call `checked_input_size` first. ValueError names the field."""
     kind = request.WhichOneof("input")
     if kind == "text":
         add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
         return pb.TokenizeResponse(token_ids=tokenizer.encode(request.text, add_special), text=request.text)
     if kind == "messages":
         add_prompt = request.add_generation_prompt if request.HasField("add_generation_prompt") else True
-        text = _render_chat(tokenizer, request.messages, bounds, add_prompt)
+        text = _render_chat(tokenizer, request.messages, bounds, tool_use(request, tokenizer), add_prompt)
         return pb.TokenizeResponse(token_ids=tokenizer.encode(text, add_special_tokens=False), text=text)
     raise ValueError("input: one of text or messages is required")

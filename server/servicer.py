@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError, Message
 
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
-from infer.engine import EngineClient, FinishReason, QueueFullError, SamplingParams
+from infer.engine import EngineClient, FinishReason, QueueFullError, SamplingParams, ToolUse
 from infer.server import convert
 from infer.server.lifecycle import Lifecycle, NotServingError
 from infer.server.limits import InputBounds, RequestLimits
@@ -94,12 +94,17 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         async with self._rpc(context, "Generate", request_id) as (engine, trace):
             convert.check_request_id(request.request_id)
             tokenizer = engine.tokenizer
-            params = convert.sampling_params(request.sampling)
+            tools = convert.tool_use(request, tokenizer)
+            params = convert.with_tools(convert.sampling_params(request.sampling), tools)
             bounds = self.limits.bounds(engine.config.max_model_len)
             size = convert.checked_input_size(request, bounds)  # before any template or tokenizer work
-            prompt = await self.prompt_workers.run(size, lambda: _checked_prompt(engine, request, params, bounds))
+            prompt = await self.prompt_workers.run(
+                size, lambda: _checked_prompt(engine, request, params, bounds, tools)
+            )
             self.limits.check(len(prompt), params.max_tokens)
+            await _compiled(engine, params, tools)
             _admit_by_deadline(engine, len(prompt), context.time_remaining())
+            parser = tools.parser()
             async with engine.generate(prompt, params, request_id) as stream:  # leaving early aborts it
                 async for out in stream:
                     trace.on_output(out)
@@ -107,7 +112,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                         raise StatusError(grpc.StatusCode.INTERNAL, f"request {request_id} failed: {out.error}")
                     if out.finish_reason is FinishReason.ABORT:
                         raise StatusError(grpc.StatusCode.CANCELLED, f"request {request_id} was aborted")
-                    await context.write(convert.generate_response(out, tokenizer))
+                    await context.write(convert.generate_response(out, tokenizer, parser))
 
     async def GetModelInfo(  # noqa: N802
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
@@ -155,15 +160,26 @@ def _parsing(request_type: type[Message], handler: Handler) -> Handler:
 
 
 def _checked_prompt(
-    engine: EngineClient, request: pb.GenerateRequest, params: SamplingParams, bounds: InputBounds
+    engine: EngineClient, request: pb.GenerateRequest, params: SamplingParams, bounds: InputBounds, tools: ToolUse
 ) -> list[int]:
     """The prompt's token ids, checked against the engine's limits; ValueError names the field."""
-    prompt = convert.prompt_token_ids(request, engine.tokenizer, bounds)
+    prompt = convert.prompt_token_ids(request, engine.tokenizer, bounds, tools)
     try:
         engine.validate(prompt, params)
     except ValueError as e:
         raise ValueError(_proto_field(str(e), request.WhichOneof("input"))) from None
     return prompt
+
+
+async def _compiled(engine: EngineClient, params: SamplingParams, tools: ToolUse) -> None:
+    """Wait for the constraint to compile (off the event loop; cached for the engine); ValueError names the
+    field when it does not."""
+    if params.constraint is None:
+        return
+    try:
+        await engine.compile_constraint(params.constraint)
+    except ValueError as e:
+        raise convert.constraint_error(e, tools) from None
 
 
 def _proto_field(message: str, input_kind: str | None) -> str:

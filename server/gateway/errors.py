@@ -120,6 +120,30 @@ def _invalid_argument(details: str) -> APIError:
     return APIError(422, details, code="invalid_value", param=param)
 
 
+# the model server's names of a constraint or a tool: "sampling.regex", "tools[0].parameters", "tools"
+_UPSTREAM_CONSTRAINT = re.compile(r"^sampling\.(?:json_schema|json_object|regex|grammar|choice): ")
+_UPSTREAM_TOOL = re.compile(r"^tools(\[\d+\])?(?:\.(name|parameters))?: ")
+
+
+def body_field(error: APIError, constraint_param: str | None) -> APIError:
+    """An upstream refusal of the request's constraint or tools, pointed at the body field that carried it
+    (`response_format`, `guided_regex`, `tools[0].function.parameters`): 400 for one that does not compile,
+    as OpenAI answers an invalid schema. Other errors are returned as they are."""
+    if not error.is_upstream or error.status != 422:
+        return error
+    if (match := _UPSTREAM_CONSTRAINT.match(error.message)) and constraint_param is not None:
+        param, detail = constraint_param, error.message[match.end() :]
+    elif match := _UPSTREAM_TOOL.match(error.message):
+        index, part = match.group(1) or "", match.group(2)
+        param, detail = f"tools{index}" + (f".function.{part}" if part else ""), error.message[match.end() :]
+    else:
+        return error
+    status = 400 if detail.startswith("does not compile") or " does not compile" in detail else 422
+    renamed = APIError(status, f"{param}: {detail}", code="invalid_value", param=param)
+    renamed.is_upstream = True
+    return renamed
+
+
 def from_grpc(error: grpc.aio.AioRpcError | grpc.RpcError) -> APIError:
     """The HTTP error for a failed upstream call."""
     api_error = _from_status(error.code(), error.details() or "")

@@ -37,10 +37,13 @@ class Choice:
     usage: pb.Usage | None = None
     num_offset_chars: int = 0  # legacy logprobs: text_offset of the next token
     is_started: bool = False  # chat stream: the role chunk went out
+    tool_calls: dict[int, list[str]] = field(default_factory=dict)  # index -> [id, name, arguments so far]
 
     def add(self, response: pb.GenerateResponse) -> None:
         self.text += response.text
         self.logprobs.extend(response.logprobs)
+        for delta in response.tool_calls:
+            self.tool_calls.setdefault(delta.index, [delta.id, delta.name, ""])[2] += delta.arguments
         if response.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
             self.finish_reason = FINISH_REASONS.get(response.finish_reason, "stop")
         if response.HasField("usage"):
@@ -155,8 +158,8 @@ class ChatFormat(_Base):
 
     def body(self, choices: Sequence[Choice]) -> Json:
         out = [
-            {"index": c.index, "message": {"role": "assistant", "content": c.text},
-             "logprobs": self._logprobs(c.logprobs), "finish_reason": c.finish_reason}
+            {"index": c.index, "message": _message(c), "logprobs": self._logprobs(c.logprobs),
+             "finish_reason": c.finish_reason}
             for c in choices
         ]  # fmt: skip
         return self._body(out, choices)
@@ -172,7 +175,26 @@ class ChatFormat(_Base):
             out.append(self._delta(choice.index, {"role": "assistant", "content": ""}))
         if response.text or response.logprobs:
             out.append(self._delta(choice.index, {"content": response.text}, self._logprobs(response.logprobs)))
+        if response.tool_calls:
+            out.append(self._delta(choice.index, {"tool_calls": [_call_delta(d) for d in response.tool_calls]}))
         reason = FINISH_REASONS.get(response.finish_reason)
         if reason is not None:
             out.append(self._delta(choice.index, {}, reason=reason))
         return out
+
+
+def _message(choice: Choice) -> Json:
+    """The assistant's message: its text, and its tool calls (content is null when it only called tools)."""
+    if not choice.tool_calls:
+        return {"role": "assistant", "content": choice.text}
+    calls = [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+             for call_id, name, arguments in (choice.tool_calls[i] for i in sorted(choice.tool_calls))]  # fmt: skip
+    return {"role": "assistant", "content": choice.text or None, "tool_calls": calls}
+
+
+def _call_delta(delta: pb.ToolCallDelta) -> Json:
+    """OpenAI's streamed call: the first delta of a call has its id, type and name, later ones more arguments."""
+    if delta.id:
+        function = {"name": delta.name, "arguments": delta.arguments}
+        return {"index": delta.index, "id": delta.id, "type": "function", "function": function}
+    return {"index": delta.index, "function": {"arguments": delta.arguments}}

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.types import REQUEST_ID
 from infer.server.gateway import translate
-from infer.server.gateway.errors import RETRY_AFTER_S, APIError, from_validation
+from infer.server.gateway.errors import RETRY_AFTER_S, APIError, body_field, from_validation
 from infer.server.gateway.metrics import GatewayMetrics
 from infer.server.gateway.render import ChatFormat, Choice, CompletionFormat, Format, Json, Meta
 from infer.server.gateway.schemas import (
@@ -38,6 +38,7 @@ from infer.server.gateway.streams import (
     start,
     unless_disconnected,
 )
+from infer.server.gateway.structured import tools_proto
 from infer.server.gateway.upstream import Metadata, Upstream
 
 logger = logging.getLogger(__name__)
@@ -203,7 +204,11 @@ class Routes:
     async def _room_left(self, body: ChatCompletionRequest, metadata: Metadata) -> int:
         """No max_tokens: as many as the context leaves after the rendered messages."""
         info = await self.upstream.model_info(metadata)
-        num_prompt = await self.upstream.num_prompt_tokens(translate.chat_messages(body.messages), metadata)
+        messages, tools = translate.chat_messages(body.messages), tools_proto(body.tools or [])
+        try:
+            num_prompt = await self.upstream.num_prompt_tokens(messages, metadata, tools)
+        except APIError as e:
+            raise body_field(e, body.constraint_param) from None
         if num_prompt >= info.max_model_len:
             message = f"the messages take {num_prompt} tokens: no room left in max_model_len ({info.max_model_len})"
             raise APIError(400, message, code="context_length_exceeded", param="messages")
@@ -211,6 +216,14 @@ class Routes:
         return room if self.max_output_tokens is None else min(room, self.max_output_tokens)
 
     async def _generate(
+        self, request: Request, body: Sampling, requests: Sequence[pb.GenerateRequest], fmt: Format
+    ) -> Response:
+        try:
+            return await self._stream_or_gather(request, body, requests, fmt)
+        except APIError as e:
+            raise body_field(e, body.constraint_param) from None
+
+    async def _stream_or_gather(
         self, request: Request, body: Sampling, requests: Sequence[pb.GenerateRequest], fmt: Format
     ) -> Response:
         metadata, started_s = _metadata(request), time.monotonic()

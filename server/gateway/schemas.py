@@ -6,6 +6,7 @@ bounded set) and ignored.
 
 Value ranges of the sampling parameters are the model server's to check (it names the field);
 here: types, the gateway's own limits (`n`), and the OpenAI features this gateway does not have.
+Structured output and tools: `structured.py`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import logging
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from infer.server.gateway.errors import unsupported
+from infer.server.gateway.strict import Strict
+from infer.server.gateway.structured import Guided, NamedToolChoice, ToolCall, ToolChoice, ToolDef
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +33,6 @@ NUM_NAMES_PER_LINE = 16  # one log line per request names at most this many new 
 Int32 = Annotated[int, Field(ge=-(2**31), lt=2**31)]
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, lt=2**31)]], Field(min_length=1)]
-
-
-class Strict(BaseModel):
-    # NOTE: extra="allow" only to find and log the unknown fields (`ignored_fields`); nothing reads them
-    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
 
 def ignored_fields(model: BaseModel, prefix: str = "") -> list[str]:
@@ -90,12 +88,8 @@ class StreamOptions(Strict):
     include_obfuscation: bool | None = None  # accepted; this gateway never pads chunks
 
 
-class ResponseFormat(Strict):
-    type: Literal["text"]  # json_object / json_schema need constrained decoding: not supported
-
-
-class Sampling(Strict):
-    """Fields shared by both endpoints: OpenAI's, then vLLM's extras."""
+class Sampling(Guided):
+    """Fields shared by both endpoints: OpenAI's, then vLLM's extras (the constraint fields: `Guided`)."""
 
     model: str
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
@@ -183,9 +177,11 @@ class TextPart(Strict):
 
 
 class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
-    name: str | None = None  # accepted and ignored (the chat template has no place for it)
+    name: str | None = None  # a tool result's function; ignored on the other roles (templates have no place for it)
+    tool_calls: list[ToolCall] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: the call this result answers
 
     @property
     def text(self) -> str:
@@ -200,21 +196,31 @@ class ChatCompletionRequest(Sampling):
     max_completion_tokens: Int32 | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolDef] | None = None
     functions: list[dict[str, Any]] | None = None  # the deprecated form of tools
-    tool_choice: Literal["none", "auto"] | None = None
-    parallel_tool_calls: bool | None = None  # accepted; there are no tools
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
-        if self.tools:
-            raise unsupported("tools", "tool calling is not supported")
         if self.functions:
-            raise unsupported("functions", "function calling is not supported")
+            raise unsupported("functions", "the deprecated functions are not supported: use tools")
         if self.top_logprobs is not None and not self.logprobs:
             raise unsupported("top_logprobs", "needs logprobs: true")
+        names = [t.function.name for t in self.tools or ()]
+        if self.tool_choice == "required" and not names:
+            raise unsupported("tool_choice", "required needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            name = self.tool_choice.function.name[:64]
+            raise unsupported("tool_choice", f"the function {name!r} is not one of the tools")
+        if self.forces_calls and self.constraint_param is not None:
+            raise unsupported(self.constraint_param, "cannot be set when tool_choice forces a tool call")
         return self
+
+    @property
+    def forces_calls(self) -> bool:
+        """tool_choice required or a named function: the output is constrained to tool calls."""
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
 
     @property
     def max_new_tokens(self) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from infer.clients.proto.v1 import inference_pb2 as pb
 from infer.clients.types import OPTIONAL_SAMPLING_FIELDS
 from infer.server.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, Sampling
+from infer.server.gateway.structured import calls_proto, set_constraint, tool_choice_proto, tools_proto
 
 # the optional fields a body carries under the proto's names; max_tokens and logprobs differ per endpoint
 _FROM_BODY = tuple(name for name in OPTIONAL_SAMPLING_FIELDS if name not in ("max_tokens", "logprobs"))
@@ -22,6 +23,7 @@ def sampling_params(body: Sampling, max_tokens: int | None, logprobs: int | None
         params.max_tokens = max_tokens
     if logprobs is not None:
         params.logprobs = logprobs
+    set_constraint(params, body)
     return params
 
 
@@ -57,12 +59,24 @@ def completion_requests(body: CompletionRequest, request_id: str) -> list[pb.Gen
     return _requests(inputs, body.n, request_id, body.seed)
 
 
+def chat_message(m: ChatMessage) -> pb.ChatMessage:
+    message = pb.ChatMessage(role=m.role, content=m.text, tool_calls=calls_proto(m.tool_calls or []))
+    if m.role == "tool":
+        message.tool_call_id, message.name = m.tool_call_id or "", m.name or ""
+    return message
+
+
 def chat_messages(messages: list[ChatMessage]) -> pb.ChatMessages:
-    return pb.ChatMessages(messages=[pb.ChatMessage(role=m.role, content=m.text) for m in messages])
+    return pb.ChatMessages(messages=[chat_message(m) for m in messages])
 
 
 def chat_requests(body: ChatCompletionRequest, request_id: str, max_tokens: int | None) -> list[pb.GenerateRequest]:
     """`max_tokens`: the request's, or what the context leaves (the caller works that out)."""
     sampling = sampling_params(body, max_tokens, body.num_logprobs)
-    request = pb.GenerateRequest(messages=chat_messages(body.messages), sampling=sampling)
+    request = pb.GenerateRequest(messages=chat_messages(body.messages), sampling=sampling,
+                                 tools=tools_proto(body.tools or []))  # fmt: skip
+    if body.tool_choice is not None:
+        request.tool_choice.CopyFrom(tool_choice_proto(body.tool_choice))
+    if body.parallel_tool_calls is not None:
+        request.parallel_tool_calls = body.parallel_tool_calls
     return _requests([request], body.n, request_id, body.seed)

@@ -56,9 +56,11 @@ class Upstream:
             self._model_info = info
         return self._model_info
 
-    async def num_prompt_tokens(self, messages: pb.ChatMessages, metadata: Metadata = ()) -> int:
-        """Tokens of the chat messages once rendered with the model's chat template."""
-        request = pb.TokenizeRequest(messages=messages)
+    async def num_prompt_tokens(
+        self, messages: pb.ChatMessages, metadata: Metadata = (), tools: Sequence[pb.Tool] = ()
+    ) -> int:
+        """Tokens of the chat messages (and tools) once rendered with the model's chat template."""
+        request = pb.TokenizeRequest(messages=messages, tools=tools)
         try:
             response = await self._inference().Tokenize(request, timeout=self._unary_timeout_s(), metadata=metadata)
         except grpc.aio.AioRpcError as e:

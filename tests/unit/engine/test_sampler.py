@@ -10,6 +10,7 @@ import torch
 
 from infer.engine.sampler import LOGPROB_FLOOR, Sampler, SamplerOutput, SamplingRow
 from infer.engine.sampling_params import MIN_REPETITION_PENALTY, MIN_TEMPERATURE, SamplingParams
+from infer.engine.structured_state import TokenBitmask
 
 LOGITS = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]])
 
@@ -132,3 +133,35 @@ def test_a_banned_token_has_the_floor_logprob_not_minus_infinity() -> None:
 def test_logits_that_are_not_finite_are_refused() -> None:
     with pytest.raises(FloatingPointError, match="not finite"):
         Sampler(0, torch.device("cpu"))(torch.tensor([[1.0, float("nan")]]), [row(temperature=0.0)])
+
+
+def _mask(allowed: dict[int, list[int]], num_rows: int, vocab: int) -> TokenBitmask:
+    """Rows in `allowed` may take only those tokens; the other rows are unconstrained."""
+    bits = torch.zeros(num_rows, (vocab + 31) // 32, dtype=torch.int32)
+    for r, tokens in allowed.items():
+        for t in tokens:
+            bits[r, t // 32] |= 1 << (t % 32)
+    return TokenBitmask(bits, sorted(allowed))
+
+
+def test_a_grammar_mask_applies_before_temperature_and_top_k() -> None:
+    sampler = Sampler(0, torch.device("cpu"))
+    rows = [row(temperature=1.0, top_k=1), row(temperature=0.0)]
+    # top_k=1 before the mask would keep only token 0, which the grammar forbids: nothing would be left
+    out = sampler(LOGITS.expand(2, -1).clone(), rows, _mask({0: [2, 4]}, 2, 6))
+    assert out.token_ids == [2, 0]  # the best allowed token; the unconstrained row is untouched
+
+
+def test_sampling_never_draws_a_token_the_grammar_forbids() -> None:
+    n = 400
+    sampler = Sampler(0, torch.device("cpu"))
+    batch = LOGITS.expand(n, -1).clone()
+    mask = _mask({i: [1, 3, 5] for i in range(0, n, 2)}, n, 6)
+    out = sampler(batch, [row(temperature=5.0, logprobs=1)] * n, mask)
+    constrained = Counter(out.token_ids[0::2])
+    assert set(constrained) == {1, 3, 5}
+    assert len(set(out.token_ids[1::2])) == 6  # unconstrained rows still spread over the vocabulary
+    one = sampler(LOGITS, [row(temperature=1.0, logprobs=5)], _mask({0: [1, 3, 5]}, 1, 6)).logprobs[0]
+    assert one is not None and [t for t, _ in one.top[:3]] == [1, 3, 5]  # logprobs of the masked distribution
+    assert sum(math.exp(v) for _, v in one.top[:3]) == pytest.approx(1.0)
+    assert [v for _, v in one.top[3:]] == [LOGPROB_FLOOR] * 2

@@ -8,6 +8,8 @@ from typing import Any, cast
 import pytest
 
 from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.clients.types import CONSTRAINT_FIELDS
+from infer.engine import Constraint
 from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.tokenizer import Tokenizer
@@ -27,7 +29,12 @@ class FakeTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(i) for i in ids)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+    def token_to_id(self, token: str) -> int | None:
+        return None
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **variables: Any
+    ) -> str:
         if not messages:
             raise ValueError("cannot apply a chat template to an empty conversation")
         FakeTokenizer.num_rendered += 1
@@ -50,7 +57,36 @@ def test_every_sampling_field_is_carried() -> None:
     }  # fmt: skip
     params = convert.sampling_params(pb.SamplingParams(**values))
     assert params == SamplingParams(**values)
-    assert {f.name for f in pb.SamplingParams.DESCRIPTOR.fields} == set(SamplingParams.__dataclass_fields__)
+    carried = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields} - set(CONSTRAINT_FIELDS) | {"constraint"}
+    assert carried == set(SamplingParams.__dataclass_fields__)
+
+
+@pytest.mark.parametrize(
+    ("proto", "constraint"),
+    [
+        (pb.SamplingParams(json_schema='{"type": "object"}'), Constraint.json_schema({"type": "object"})),
+        (pb.SamplingParams(regex="[0-9]+"), Constraint.regex("[0-9]+")),
+        (pb.SamplingParams(grammar='root ::= "a"'), Constraint.grammar('root ::= "a"')),
+        (pb.SamplingParams(choice=pb.Choices(choices=["yes", "no"])), Constraint.choice(["yes", "no"])),
+        (pb.SamplingParams(json_object=pb.JsonObject()), Constraint.json_object()),
+        (pb.SamplingParams(), None),
+    ],
+)
+def test_the_constraint_is_carried(proto: pb.SamplingParams, constraint: Constraint | None) -> None:
+    assert convert.sampling_params(proto).constraint == constraint
+
+
+@pytest.mark.parametrize(
+    ("proto", "message"),
+    [
+        (pb.SamplingParams(json_schema="{"), r"^sampling\.json_schema: not valid JSON"),
+        (pb.SamplingParams(regex=""), r"^sampling\.regex: must not be empty"),
+        (pb.SamplingParams(choice=pb.Choices()), r"^sampling\.choice: 1 to 1024 strings"),
+    ],
+)
+def test_a_malformed_constraint_names_the_proto_field(proto: pb.SamplingParams, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        convert.sampling_params(proto)
 
 
 def test_sampling_errors_name_the_proto_field() -> None:
@@ -136,3 +172,36 @@ def test_unset_size_limits_follow_the_prompt_token_bound() -> None:
     assert (tighter.max_chat_messages, tighter.max_prompt_chars) == (100, 1600)
     with pytest.raises(ValueError, match=r"^prompt: 2048 tokens exceeds max_model_len \(2048\) less one token"):
         BOUNDS.check_tokens(2048)
+
+
+def test_tool_calls_and_results_in_the_history_reach_the_template() -> None:
+    call = pb.ToolCall(id="call_1", name="f", arguments='{"x": 1}')
+    messages = pb.ChatMessages(messages=[
+        pb.ChatMessage(role="user", content="q"),
+        pb.ChatMessage(role="assistant", tool_calls=[call]),
+        pb.ChatMessage(role="tool", content="42", tool_call_id="call_1", name="f"),
+    ])  # fmt: skip
+    assert convert._messages(messages)[1:] == [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
+        {"role": "tool", "content": "42", "tool_call_id": "call_1", "name": "f"},
+    ]  # fmt: skip
+    bad = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="q", tool_calls=[call])])
+    with pytest.raises(ValueError, match=r"^messages\[0\]\.tool_calls: only an assistant message"):
+        convert._messages(bad)
+
+
+def test_a_parsed_output_streams_content_and_calls_then_ends_with_tool_calls() -> None:
+    from infer.engine.structured_tool_parsers import TaggedParser
+
+    parser = TaggedParser()
+    pieces = ["Sure.\n<tool_", 'call>{"name": "f", "arguments": {}}</tool_call>']
+    first = convert.generate_response(RequestOutput("r", [1], pieces[0]), TOKENIZER, parser)
+    last = convert.generate_response(
+        RequestOutput("r", [2], pieces[1], None, FinishReason.STOP, Usage(3, 2, 0)), TOKENIZER, parser
+    )
+    assert (first.text, list(first.tool_calls)) == ("Sure.", [])
+    assert last.text == "" and [(c.index, c.name, c.arguments) for c in last.tool_calls] == [(0, "f", "{}")]
+    assert last.finish_reason == pb.FINISH_REASON_TOOL_CALLS
+    plain = convert.generate_response(RequestOutput("r", [2], "x", None, FinishReason.STOP), TOKENIZER, TaggedParser())
+    assert plain.text == "x" and plain.finish_reason == pb.FINISH_REASON_STOP

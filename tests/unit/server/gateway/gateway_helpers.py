@@ -67,6 +67,16 @@ def running_gateway(upstream: str, loop: LoopThread, **config: Any) -> Iterator[
         loop.call(server.stop())
 
 
+_WEATHER_CALL = pb.ToolCallDelta(index=0, id="call_a", name="get_weather", arguments='{"city": ')
+TOOL_CALL_RESPONSES: list[dict[str, Any]] = [
+    {"token_ids": [1], "text": "Sure."},
+    {"token_ids": [2], "tool_calls": [_WEATHER_CALL]},
+    {"token_ids": [3], "tool_calls": [pb.ToolCallDelta(index=0, arguments='"Paris"}'),
+                                      pb.ToolCallDelta(index=1, id="call_b", name="get_time", arguments="{}")],
+     "finish_reason": pb.FINISH_REASON_TOOL_CALLS, "usage": pb.Usage(prompt_tokens=5, completion_tokens=3)},
+]  # fmt: skip
+
+
 def _prompt_text(request: pb.GenerateRequest) -> str:
     if request.WhichOneof("input") == "messages":
         return request.messages.messages[-1].content
@@ -86,6 +96,7 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
     - `fail-midway`: two messages, then INTERNAL;
     - `endless`: one word every 20 ms until cancelled;
     - `nan-logprobs`: NaN logprobs (what a sampler that underflowed would send);
+    - `tool-calls`: some text, then TOOL_CALLS (two calls, the first one's arguments in two deltas);
     - anything else: max_tokens words of FAKE_WORDS (default 4), one per message, then usage.
     """
 
@@ -118,6 +129,10 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
             await context.abort(grpc.StatusCode.INTERNAL, "fake engine failure")
 
     async def _stream(self, request: pb.GenerateRequest, prompt: str) -> AsyncIterator[pb.GenerateResponse]:
+        if prompt == "tool-calls":
+            for response in TOOL_CALL_RESPONSES:
+                yield pb.GenerateResponse(request_id=request.request_id, **response)
+            return
         s = request.sampling
         num_tokens = 2 if prompt == "fail-midway" else 10**6 if prompt == "endless" else s.max_tokens or 4
         for i in range(num_tokens):

@@ -53,7 +53,7 @@ def test_malformed_json_is_400(http: httpx.Client, path: str, body: bytes) -> No
         (COMPLETIONS, completion_body(logit_bias={"50256": -100}), "logit_bias", "unsupported_value"),
         (COMPLETIONS, completion_body(stream_options={"include_usage": True}), "stream_options", "unsupported_value"),
         (CHAT, chat_body(messages=[]), "messages", "invalid_value"),
-        (CHAT, chat_body(messages=[{"role": "tool", "content": "x"}]), "messages[0].role", "invalid_value"),
+        (CHAT, chat_body(messages=[{"role": "root", "content": "x"}]), "messages[0].role", "invalid_value"),
         (
             CHAT,
             chat_body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
@@ -61,8 +61,10 @@ def test_malformed_json_is_400(http: httpx.Client, path: str, body: bytes) -> No
             "unsupported_value",
         ),
         (CHAT, chat_body(top_logprobs=2), "top_logprobs", "unsupported_value"),
-        (CHAT, chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "unsupported_value"),
-        (CHAT, chat_body(response_format={"type": "json_object"}), "response_format.type", "invalid_value"),
+        (CHAT, chat_body(tools=[{"type": "function"}]), "tools[0].function", "missing_required_parameter"),
+        (CHAT, chat_body(tool_choice="required"), "tool_choice", "unsupported_value"),
+        (CHAT, chat_body(response_format={"type": "xml"}), "response_format.type", "invalid_value"),
+        (CHAT, chat_body(guided_regex="a", guided_choice=["a"]), "guided_choice", "unsupported_value"),
         (CHAT, chat_body(seed=-1), "seed", "invalid_value"),
     ],
 )

@@ -1,0 +1,136 @@
+"""Constrained requests inside the engine: each one's grammar matcher, and one token bitmask per step.
+
+A request with a constraint waits in the scheduler's queue, skipped, until its grammar has compiled, so it
+never holds up the batch; then it gets a matcher that advances on each token it is given. The matcher
+only ever sees output tokens, so chunked prefill, prefix-cache hits and preemption (which recomputes the
+same tokens) leave it as it is.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from infer.engine.structured import Constraint, GrammarCompiler
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+    from infer.engine.request import Request
+
+
+class GrammarState:
+    """One request's grammar: compiling, then a matcher over the output so far."""
+
+    def __init__(self, constraint: Constraint, future: Future[xgr.CompiledGrammar]) -> None:
+        self.constraint, self.future = constraint, future
+        self.matcher: xgr.GrammarMatcher | None = None
+
+    @property
+    def is_compiled(self) -> bool:
+        return self.future.done()
+
+    def start(self) -> None:
+        """The matcher, once compiled; raises the compile error (a ValueError naming the kind)."""
+        import xgrammar as xgr
+
+        self.matcher = xgr.GrammarMatcher(self.future.result())
+
+    def accept(self, token_id: int) -> bool:
+        """Advance over a sampled token; False when the grammar does not allow it (the mask was not applied)."""
+        assert self.matcher is not None, "start() first"
+        return bool(self.matcher.accept_token(token_id))
+
+    @property
+    def is_terminated(self) -> bool:
+        """The grammar is complete and took its stop token, or can take nothing more: the request is done."""
+        return self.matcher is not None and bool(self.matcher.is_terminated())
+
+
+@dataclass(frozen=True)
+class TokenBitmask:
+    """The tokens each constrained row may take this step (xgrammar's packed format: bit i of word j allows
+    token 32 * j + i); rows of unconstrained requests are left out of `rows` and never applied."""
+
+    bits: torch.Tensor  # [num_rows, ceil(vocab / 32)] int32
+    rows: list[int]  # the constrained rows
+
+
+def apply_bitmask(logits: torch.Tensor, mask: TokenBitmask) -> None:
+    """Forbidden tokens to -inf, in place. logits: [num_rows, vocab]."""
+    import xgrammar as xgr
+
+    bits = mask.bits.to(logits.device, non_blocking=True)
+    xgr.apply_token_bitmask_inplace(logits, bits, vocab_size=logits.shape[-1], indices=mask.rows)
+
+
+class StructuredOutputs:
+    """The engine core's structured-output manager: compiles off the step thread, follows the requests whose
+    grammar is compiling, and builds each step's bitmask for the constrained rows only."""
+
+    def __init__(self, compiler: GrammarCompiler, max_num_rows: int, on_compiled: Callable[[], None]) -> None:
+        self.compiler, self.on_compiled = compiler, on_compiled
+        self.max_num_rows = max_num_rows
+        self.pending: dict[str, Request] = {}  # their grammar is compiling, in arrival order
+        self._bits: torch.Tensor | None = None  # reused: [max_num_rows, ceil(vocab / 32)]
+        self._batch: xgr.BatchGrammarMatcher | None = None
+
+    def grammar(self, constraint: Constraint) -> GrammarState:
+        """Start compiling (thread-safe); `on_compiled` runs when it is done (the step loop wakes up)."""
+        future = self.compiler.submit(constraint)
+        future.add_done_callback(lambda _: self.on_compiled())
+        return GrammarState(constraint, future)
+
+    # the step thread
+    def compiling(self, request: Request) -> None:
+        self.pending[request.request_id] = request
+
+    def drop(self, request_id: str) -> None:
+        self.pending.pop(request_id, None)
+
+    def take_compiled(self) -> tuple[list[Request], list[tuple[Request, BaseException]]]:
+        """Pending requests whose grammar is done: those now ready (matcher started), and those that failed."""
+        ready: list[Request] = []
+        failed: list[tuple[Request, BaseException]] = []
+        for request_id, request in list(self.pending.items()):
+            assert request.grammar is not None
+            if not request.grammar.is_compiled:
+                continue
+            del self.pending[request_id]
+            try:
+                request.grammar.start()
+            except Exception as e:
+                failed.append((request, e))
+                continue
+            ready.append(request)
+        return ready, failed
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until a pending request's grammar is done, at most `timeout_s`."""
+        futures = [r.grammar.future for r in self.pending.values() if r.grammar is not None]
+        if futures:
+            concurrent.futures.wait(futures, timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def bitmask(self, requests: Sequence[Request]) -> TokenBitmask | None:
+        """This step's mask for the sampling rows (one per request, in order); None when none is constrained."""
+        rows = [i for i, r in enumerate(requests) if r.grammar is not None and r.grammar.matcher is not None]
+        if not rows:
+            return None
+        import xgrammar as xgr
+
+        if self._bits is None or self._batch is None:
+            self._bits = xgr.allocate_token_bitmask(self.max_num_rows, self.compiler.vocab_size)
+            self._batch = xgr.BatchGrammarMatcher()
+        bits = self._bits[: len(requests)]
+        matchers = [m for i in rows if (m := _matcher(requests[i])) is not None]
+        self._batch.batch_fill_next_token_bitmask(matchers, bits, indices=rows)
+        return TokenBitmask(bits, rows)
+
+
+def _matcher(request: Request) -> xgr.GrammarMatcher | None:
+    return request.grammar.matcher if request.grammar is not None else None

@@ -1,0 +1,210 @@
+"""Constraints and the grammar compiler: what a request may ask for, what compiles, the cache, the thread."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infer.engine import structured
+from infer.engine.structured import (
+    MAX_CHOICES,
+    MAX_CONSTRAINT_CHARS,
+    Constraint,
+    ConstraintKind,
+    GrammarCompiler,
+    choice_grammar,
+    compile_error,
+    tokenizer_info,
+    vocab_type_name,
+)
+from infer.engine.tokenizer import Tokenizer
+from tests.helpers.fake_engine import tiny_tokenizer
+
+xgr = pytest.importorskip("xgrammar")
+
+
+def matches(compiled: Any, text: str) -> bool:
+    """Whether `text` is a complete output of the grammar."""
+    matcher = xgr.GrammarMatcher(compiled)
+    return bool(matcher.accept_string(text)) and bool(matcher.is_completed())
+
+
+@pytest.fixture(scope="module")
+def compiler() -> GrammarCompiler:
+    tok = tiny_tokenizer()
+    return GrammarCompiler(tok, tok.vocab_size, [tok.token_to_id("<|im_end|>") or 0])
+
+
+# --- Constraint
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "message"),
+    [
+        ("json_schema", "{", "json_schema: not valid JSON"),
+        ("json_schema", "[]", "json_schema: must be a JSON object"),
+        ("json_schema", "[" * 100_000, "json_schema: at most"),
+        ("json_object", "{}", "json_object: takes no text"),
+        ("regex", "", "regex: must not be empty"),
+        ("grammar", "", "grammar: must not be empty"),
+        ("choice", "[]", "choice: 1 to"),
+        ("choice", '["a", ""]', "choice: must be non-empty strings"),
+        ("choice", '["a", 1]', "choice: must be non-empty strings"),
+        ("choice", json.dumps(["x"] * (MAX_CHOICES + 1)), "choice: 1 to"),
+        ("xml", "<a/>", "constraint: 'xml' is not one of json_schema, json_object, regex, grammar, choice"),
+    ],
+)
+def test_a_malformed_constraint_names_its_kind(kind: str, text: str, message: str) -> None:
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace("[", r"\[")):
+        Constraint(kind, text)  # type: ignore[arg-type]
+
+
+def test_constraints_are_keyed_by_kind_and_text() -> None:
+    a = Constraint("regex", "[0-9]+")  # type: ignore[arg-type]
+    assert a.kind is ConstraintKind.REGEX
+    assert a == Constraint.regex("[0-9]+") and hash(a) == hash(Constraint.regex("[0-9]+"))
+    assert a != Constraint.grammar("[0-9]+")
+    assert Constraint.json_schema({"type": "object"}) == Constraint.json_schema('{"type": "object"}')
+    assert Constraint.choice(["ja", "ünï"]).choices == ["ja", "ünï"]
+    assert len(Constraint.regex("a" * MAX_CONSTRAINT_CHARS).text) == MAX_CONSTRAINT_CHARS
+
+
+def test_choice_grammar_takes_exactly_the_choices(compiler: GrammarCompiler) -> None:
+    choices = ["yes", 'say "hi"', "back\\slash", "line\nbreak", "ünï 🙂", "\x01"]
+    compiled = compiler.submit(Constraint.choice(choices)).result(timeout=60)
+    assert all(matches(compiled, c) for c in choices)
+    assert not any(matches(compiled, c) for c in ["no", "ye", "yess", "say hi", ""])
+    assert choice_grammar(["a"]) == 'root ::= "a"'
+
+
+def test_compile_errors_read_as_messages_not_source_positions() -> None:
+    raw = RuntimeError("[16:32:14] /project/cpp/regex_converter.cc:83: Regex parsing error at position 3: oops\n")
+    assert str(compile_error("regex", raw)) == "regex: does not compile: Regex parsing error at position 3: oops"
+    checked = RuntimeError("[1:2:3] /p/x.h:9: Check failed: (a) is false: bad thing")
+    assert str(compile_error("grammar", checked)) == "grammar: does not compile: bad thing"
+
+
+# --- compiling
+
+INT_N = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+LOOP = {"$defs": {"x": {"$ref": "#/$defs/y"}, "y": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"}  # refs only
+PAREN = "Regex parsing error at position 3: The parenthesis is not closed"
+
+
+@pytest.mark.parametrize(
+    ("constraint", "good", "bad"),
+    [
+        (Constraint.json_schema(INT_N), ['{"n": 3}'], ['{"n": "3"}', "{}", '{"n":3}']),
+        (Constraint.json_object(), ['{"a": [1, {"b": null}]}', "{}"], ["[1]", '"x"']),
+        (Constraint.regex(r"\d{3}-\d{2}"), ["123-45"], ["12-345", "123-456"]),
+        (Constraint.grammar('root ::= "(" root ")" | "x"'), ["x", "((x))"], ["(x", "()"]),
+    ],
+)
+def test_each_kind_compiles_to_what_it_says(
+    compiler: GrammarCompiler, constraint: Constraint, good: list[str], bad: list[str]
+) -> None:
+    compiled = compiler.submit(constraint).result(timeout=60)
+    assert all(matches(compiled, text) for text in good)
+    assert not any(matches(compiled, text) for text in bad)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "message"),
+    [
+        (Constraint.regex("(("), f"regex: does not compile: {PAREN}"),
+        (Constraint.json_schema({"type": "objekt"}), 'json_schema: does not compile: Unsupported type "objekt"'),
+        (Constraint.grammar('root ::= "a" | b'), "grammar: does not compile: EBNF parser error at line 1, column"),
+        (Constraint.json_schema(LOOP), "json_schema: does not compile: no output can match it"),
+    ],
+)
+def test_a_constraint_that_does_not_compile_fails_with_its_kind(
+    compiler: GrammarCompiler, constraint: Constraint, message: str
+) -> None:
+    error = compiler.submit(constraint).exception(timeout=60)
+    assert isinstance(error, ValueError)
+    assert str(error).startswith(message)
+    assert "/project/" not in str(error)
+
+
+def test_the_cache_hands_out_one_compile_per_kind_and_text(compiler: GrammarCompiler) -> None:
+    first = compiler.submit(Constraint.regex("[a-c]+x"))
+    assert compiler.submit(Constraint.regex("[a-c]+x")) is first
+    assert compiler.submit(Constraint.grammar('root ::= "[a-c]+x"')) is not first
+    failed = compiler.submit(Constraint.regex("[a-"))
+    assert failed.exception(timeout=60) is not None
+    assert compiler.submit(Constraint.regex("[a-")) is failed  # a failure is remembered too
+    assert first.result(timeout=60) is compiler.submit(Constraint.regex("[a-c]+x")).result()
+
+
+def test_compiles_run_on_the_compilers_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+    compile_one = structured._compile
+
+    def recording(backend: Any, constraint: Constraint) -> Any:
+        seen.append(threading.current_thread().name)
+        return compile_one(backend, constraint)
+
+    monkeypatch.setattr(structured, "_compile", recording)
+    tok = tiny_tokenizer()
+    compiler = GrammarCompiler(tok, tok.vocab_size, [0])
+    compiler.submit(Constraint.regex("ab")).result(timeout=60)
+    assert len(seen) == 1 and seen[0].startswith("infer-grammar")
+    compiler.shutdown()
+
+
+def test_the_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(structured, "MAX_CACHED_GRAMMARS", 2)
+    tok = tiny_tokenizer()
+    compiler = GrammarCompiler(tok, tok.vocab_size, [0])
+    futures = [compiler.submit(Constraint.regex(f"a{i}")) for i in range(3)]
+    for f in futures:
+        f.result(timeout=60)
+    assert compiler.num_cached == 2
+    assert compiler.submit(Constraint.regex("a2")) is futures[2]
+    assert compiler.submit(Constraint.regex("a0")) is not futures[0]  # evicted: compiled again
+    assert compiler.cached_bytes > 0
+    monkeypatch.setattr(structured, "MAX_CACHED_GRAMMAR_BYTES", 1)  # one entry always stays
+    compiler.submit(Constraint.regex("a3")).result(timeout=60)
+    assert compiler.num_cached == 1
+    compiler.shutdown()
+
+
+# --- the vocabulary as xgrammar sees it
+
+
+def test_vocab_types_from_the_vocabulary() -> None:
+    byte_pieces = [f"<0x{b:02X}>" for b in range(256)]
+    assert vocab_type_name(["<unk>", *byte_pieces, "▁the"]) == "BYTE_FALLBACK"
+    alphabet = sorted(structured._BYTE_LEVEL_CHARS)
+    assert vocab_type_name([*alphabet, "Ġthe", "<|im_end|>"]) == "BYTE_LEVEL"
+    assert vocab_type_name(["the", "▁cat", "sat", *"abcdef"]) == "RAW"
+
+
+def _hf_info(tokenizer_json: str, vocab_size: int) -> Any:
+    from tokenizers import Tokenizer as Backend
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=Backend.from_str(tokenizer_json))
+    return xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=[0])
+
+
+def test_tokenizer_info_matches_xgrammars_own_reading_of_a_tiny_tokenizer() -> None:
+    tok = tiny_tokenizer()
+    ours = tokenizer_info(tok, tok.vocab_size + 7, [0])  # a model may pad its vocabulary
+    hf = _hf_info(tok._backend.to_str(), tok.vocab_size + 7)
+    assert (ours.vocab_type, ours.add_prefix_space, ours.vocab_size) == (hf.vocab_type, hf.add_prefix_space,
+                                                                          hf.vocab_size)  # fmt: skip
+    assert ours.decoded_vocab == hf.decoded_vocab
+
+
+def test_tokenizer_info_matches_xgrammars_own_reading_of_the_default_model(default_model_dir: Path) -> None:
+    tok = Tokenizer.from_dir(default_model_dir)
+    ours = tokenizer_info(tok, 49152, [2])
+    hf = _hf_info((default_model_dir / "tokenizer.json").read_text(), 49152)
+    assert ours.vocab_type == hf.vocab_type == xgr.VocabType.BYTE_LEVEL
+    assert ours.add_prefix_space == hf.add_prefix_space
+    assert ours.decoded_vocab == hf.decoded_vocab
