@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from infer.clients.types import InferError
+from infer.clients import InferError
 
 RETRY_AFTER_S = {429: 1, 503: 2}  # the Retry-After header of a refused request
 _TYPES = {  # OpenAI's error types by HTTP status; the rest are server_error

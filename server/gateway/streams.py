@@ -16,8 +16,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from infer.api import pb
-from infer.clients import InferError
-from infer.clients.client import GenerateStream
+from infer.clients import GenerateStream, InferError
 from infer.server.gateway.errors import APIError, from_grpc
 from infer.server.gateway.render import Choice, Format
 from infer.server.gateway.upstream import Metadata, Upstream

@@ -7,9 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from infer.api import SERVICE_NAME, pb
-from infer.clients import AsyncInferClient, InferError, ModelInfo
+from infer.clients import AsyncInferClient, GenerateStream, InferError, ModelInfo
 from infer.clients.channel import ClientTls
-from infer.clients.client import GenerateStream
 from infer.server.gateway.errors import from_grpc
 
 UNARY_TIMEOUT_S = 10.0

@@ -80,7 +80,14 @@ def test_malformed_protobuf_is_invalid_argument(channel: grpc.Channel, method: s
             "prompt: 297 tokens exceeds max_model_len",
         ),
     ],
-    ids=["long-request-id", "invisible-request-id", "unknown-role", "oov-stop-token", "prompt-too-long"],
+    ids=[
+        "long-request-id",
+        "invisible-request-id",
+        "newline-request-id",
+        "unknown-role",
+        "oov-stop-token",
+        "prompt-too-long",
+    ],
 )
 def test_bad_requests_are_refused_naming_the_field(
     server: ServerThread, channel: grpc.Channel, request_: pb.GenerateRequest, message: str
