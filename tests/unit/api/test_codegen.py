@@ -17,16 +17,19 @@ def test_committed_stubs_are_up_to_date(tmp_path: Path) -> None:
     assert not stale, f"stale stubs {stale}: run `make proto`"
 
 
+# run in a fresh interpreter: what `import infer.api` (then `import infer.clients`) loads
+LOADS_ALONE = """
+import sys
+from infer.api import pb, pb_grpc
+assert pb.GenerateRequest.__module__ == "infer.api.v1.inference_pb2"
+assert pb_grpc.InferenceServiceStub.__module__ == "infer.api.v1.inference_pb2_grpc"
+others = ("torch", "infer.engine", "infer.clients", "infer.server")
+assert not [m for m in sys.modules if m.startswith(others)], "infer.api imports more than the stubs"
+import infer.clients
+assert not [m for m in sys.modules if m.startswith(others[:2])], "the clients import the engine"
+"""
+
+
 def test_the_contract_imports_without_the_engine_or_the_clients() -> None:
-    code = (
-        "import sys\n"
-        "from infer.api import pb, pb_grpc\n"
-        "assert pb.GenerateRequest.__module__ == 'infer.api.v1.inference_pb2'\n"
-        "assert pb_grpc.InferenceServiceStub.__module__ == 'infer.api.v1.inference_pb2_grpc'\n"
-        "others = ('torch', 'infer.engine', 'infer.clients', 'infer.server')\n"
-        "assert not [m for m in sys.modules if m.startswith(others)], 'infer.api imports more than the stubs'\n"
-        "import infer.clients\n"
-        "assert not [m for m in sys.modules if m.startswith(others[:2])], 'the clients import the engine'\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", LOADS_ALONE], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
