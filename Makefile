@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 PIP := $(BIN)/pip --disable-pip-version-check -q
-SUBPACKAGES := engine kernels server clients
+SUBPACKAGES := api engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
 .PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving bench-structured peers test-gpu
@@ -109,9 +109,9 @@ soak: $(DEV_STAMP)
 fuzz: $(DEV_STAMP)
 	$(BIN)/pytest -q tests/fuzz --hypothesis-profile=fuzz --hypothesis-show-statistics
 
-# regenerate the committed gRPC stubs (clients/proto/v1/) from proto/infer/v1/*.proto
+# regenerate the committed gRPC stubs (api/v1/) from proto/infer/v1/*.proto
 proto: $(DEV_STAMP)
-	$(BIN)/python -m infer.clients.proto.codegen
+	$(BIN)/python -m infer.api.codegen
 
 # benchmarks: not tests; each writes JSON and a Markdown table to docs/benchmarks/
 bench-offline: $(DEV_STAMP) kernels

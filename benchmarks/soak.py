@@ -32,8 +32,7 @@ import httpx
 import soak_hostile
 from soak_hostile import Doors, hostile_client
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import pb, pb_grpc
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 KINDS = ("whole", "slow", "disconnect", "deadline", "invalid", "http", "http_disconnect")

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import grpc
 import httpx
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import pb, pb_grpc
 
 EXPECTED = {
     "deep_json": {"400"}, "key_flood": {"200"}, "bad_headers": {"200"}, "cross_site": {"403"},

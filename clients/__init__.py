@@ -1,6 +1,7 @@
 """Python clients of the infer.v1 gRPC service (no engine import: cheap for gateways and scripts)."""
 
-from infer.clients.client import DEFAULT_ADDRESS, AsyncInferClient, InferClient
+from infer.api import DEFAULT_ADDRESS
+from infer.clients.client import AsyncInferClient, GenerateStream, InferClient
 from infer.clients.types import Chunk, Completion, InferError, ModelInfo, Sampling, Timings, TokenLogprob, Usage
 
 __all__ = [
@@ -8,6 +9,7 @@ __all__ = [
     "AsyncInferClient",
     "Chunk",
     "Completion",
+    "GenerateStream",
     "InferClient",
     "InferError",
     "ModelInfo",

@@ -21,8 +21,7 @@ from typing import Any
 
 import grpc
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.types import SERVICE_NAME
+from infer.api import API_KEY_METADATA, SERVICE_NAME, UNARY_METHODS
 
 Metadata = Sequence[tuple[str, str]]
 MAX_ATTEMPTS, INITIAL_BACKOFF_S, MAX_BACKOFF_S, BACKOFF_MULTIPLIER = 5, 0.1, 2.0, 2
@@ -34,8 +33,6 @@ RETRY_POLICY = {
     "backoffMultiplier": BACKOFF_MULTIPLIER,
     "retryableStatusCodes": ["UNAVAILABLE"],
 }
-_SERVICE = pb.DESCRIPTOR.services_by_name["InferenceService"]
-UNARY_METHODS = tuple(m.name for m in _SERVICE.methods if not m.server_streaming)
 
 
 def read_file(path: str, what: str) -> bytes:
@@ -147,6 +144,6 @@ def aio_channel(
 
 def with_api_key(metadata: Metadata, api_key: str | None) -> Metadata:
     """`metadata` plus `authorization: Bearer <api_key>`, unless it carries one already or there is no key."""
-    if api_key is None or any(name == "authorization" for name, _ in metadata):
+    if api_key is None or any(name == API_KEY_METADATA for name, _ in metadata):
         return metadata
-    return [*metadata, ("authorization", f"Bearer {api_key}")]
+    return [*metadata, (API_KEY_METADATA, f"Bearer {api_key}")]

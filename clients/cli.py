@@ -14,8 +14,9 @@ from typing import Any
 
 import grpc
 
+from infer.api import DEFAULT_ADDRESS
 from infer.clients.channel import ClientTls, read_keys
-from infer.clients.client import DEFAULT_ADDRESS, InferClient
+from infer.clients.client import InferClient
 from infer.clients.types import InferError, Prompt, Sampling
 
 

@@ -19,9 +19,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from infer.api import DEFAULT_ADDRESS, pb, pb_grpc
 from infer.clients.channel import MAX_ATTEMPTS, ClientTls, aio_channel, channel, retry_backoff_s, with_api_key
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.clients.types import (
     Chunk,
     Completion,
@@ -33,7 +32,6 @@ from infer.clients.types import (
     tokenize_request,
 )
 
-DEFAULT_ADDRESS = "127.0.0.1:50051"
 Metadata = Sequence[tuple[str, str]]
 ChatOrText = str | Sequence[Mapping[str, str]]
 
@@ -149,8 +147,31 @@ class InferClient:
         self.close()
 
 
+class GenerateStream:
+    """One Generate call, read message by message: `await read()` (None at its end); `cancel()` aborts the request
+    on the server (a no-op once the call ended). A failed call raises InferError."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call  # grpc.aio.UnaryStreamCall; grpc ships no type stubs
+
+    async def read(self) -> pb.GenerateResponse | None:
+        try:
+            response = await self._call.read()
+        except grpc.RpcError as e:
+            raise InferError.from_rpc_error(e) from None
+        return None if response is grpc.aio.EOF else response
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
 class AsyncInferClient:
-    """The asyncio client: `async for chunk in client.generate(...)`."""
+    """The asyncio client: `async for chunk in client.generate(...)`; the OpenAI gateway and `infer bench` use it.
+
+    Its channel opens on first use, in the running event loop (a grpc.aio channel belongs to the loop it is made
+    in): make the client anywhere, use it in one loop. `unary_timeout_s` bounds model_info, tokenize and health
+    (default: timeout_s); `metadata` given to a call goes with it (the API key is added unless it carries one).
+    """
 
     def __init__(
         self,
@@ -159,11 +180,31 @@ class AsyncInferClient:
         timeout_s: float | None = None,
         tls: ClientTls | None = None,
         api_key: str | None = None,
+        unary_timeout_s: float | None = None,
     ) -> None:
-        self.address, self.timeout_s, self.api_key = address, timeout_s, api_key
-        self._channel = aio_channel(address, tls)
-        self._stub = pb_grpc.InferenceServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self.address, self.timeout_s, self.tls, self.api_key = address, timeout_s, tls, api_key
+        self.unary_timeout_s = timeout_s if unary_timeout_s is None else unary_timeout_s
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.InferenceServiceStub | None = None
+        self._health: health_pb2_grpc.HealthStub | None = None
+
+    def _stubs(self) -> tuple[pb_grpc.InferenceServiceStub, health_pb2_grpc.HealthStub]:
+        if self._stub is None or self._health is None:
+            self._channel = aio_channel(self.address, self.tls)
+            self._stub = pb_grpc.InferenceServiceStub(self._channel)  # type: ignore[no-untyped-call]
+            self._health = health_pb2_grpc.HealthStub(self._channel)
+        return self._stub, self._health
+
+    def stream(
+        self, request: pb.GenerateRequest, *, timeout_s: float | None = None, metadata: Metadata = ()
+    ) -> GenerateStream:
+        """Start a Generate call for a whole request message (tools, constraints, ...); errors come with reads.
+
+        NOTE: the channel retries a call refused UNAVAILABLE before its first message (`infer.clients.channel`).
+        """
+        stub, _ = self._stubs()
+        metadata = with_api_key(metadata, self.api_key)
+        return GenerateStream(stub.Generate(request, timeout=timeout_s or self.timeout_s, metadata=metadata))
 
     async def generate(
         self,
@@ -174,16 +215,12 @@ class AsyncInferClient:
         timeout_s: float | None = None,
         metadata: Metadata = (),
     ) -> AsyncIterator[Chunk]:
-        request = generate_request(prompt, sampling, request_id)
-        metadata = with_api_key(metadata, self.api_key)
-        call = self._stub.Generate(request, timeout=timeout_s or self.timeout_s, metadata=metadata)
+        stream = self.stream(generate_request(prompt, sampling, request_id), timeout_s=timeout_s, metadata=metadata)
         try:
-            async for response in call:
+            while (response := await stream.read()) is not None:
                 yield Chunk.from_proto(response)
-        except grpc.RpcError as e:
-            raise InferError.from_rpc_error(e) from None
         finally:
-            call.cancel()
+            stream.cancel()
 
     async def complete(self, prompt: Prompt, sampling: Sampling | None = None, **kwargs: Any) -> Completion:
         completion = Completion()
@@ -191,21 +228,27 @@ class AsyncInferClient:
             completion.add(chunk)
         return completion
 
-    async def model_info(self) -> ModelInfo:
-        return ModelInfo.from_proto(await self._unary(self._stub.GetModelInfo, pb.GetModelInfoRequest()))
+    async def model_info(self, *, metadata: Metadata = ()) -> ModelInfo:
+        stub, _ = self._stubs()
+        return ModelInfo.from_proto(await self._unary(stub.GetModelInfo, pb.GetModelInfoRequest(), metadata))
 
     async def tokenize(
         self,
-        text: ChatOrText,
+        text: ChatOrText | pb.ChatMessages,
         *,
         add_special_tokens: bool | None = None,
         add_generation_prompt: bool | None = None,
+        tools: Sequence[pb.Tool] = (),
+        metadata: Metadata = (),
     ) -> list[int]:
-        request = tokenize_request(text, **_tokenize_options(add_special_tokens, add_generation_prompt))
-        return list((await self._unary(self._stub.Tokenize, request)).token_ids)
+        """Token ids of a text, or of chat messages (and tools) rendered with the model's chat template."""
+        options = _tokenize_options(add_special_tokens, add_generation_prompt)
+        stub, _ = self._stubs()
+        return list((await self._unary(stub.Tokenize, tokenize_request(text, tools, **options), metadata)).token_ids)
 
     async def health(self, service: str = "") -> str:
-        response = await self._unary(self._health.Check, health_pb2.HealthCheckRequest(service=service))
+        _, health = self._stubs()
+        response = await self._unary(health.Check, health_pb2.HealthCheckRequest(service=service))
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
     async def wait_until_serving(self, timeout_s: float = 60.0) -> None:
@@ -219,14 +262,17 @@ class AsyncInferClient:
                         raise
                 await asyncio.sleep(0.1)
 
-    async def _unary(self, method: Any, request: Any) -> Any:
+    async def _unary(self, method: Any, request: Any, metadata: Metadata = ()) -> Any:
         try:
-            return await method(request, timeout=self.timeout_s, metadata=with_api_key((), self.api_key))
+            return await method(request, timeout=self.unary_timeout_s, metadata=with_api_key(metadata, self.api_key))
         except grpc.RpcError as e:
             raise InferError.from_rpc_error(e) from None
 
     async def close(self) -> None:
-        await self._channel.close()
+        """Close the channel; a later call opens a new one."""
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = self._stub = self._health = None
 
     async def __aenter__(self) -> AsyncInferClient:
         return self

@@ -2,34 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import grpc
 
-from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.api import CONSTRAINT_FIELDS, FINISH_REASONS, pb
 
 # text, token ids, or chat messages ({"role": ..., "content": ...})
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
-
-SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name  # "infer.v1.InferenceService"
-# proto -> OpenAI's words
-FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",
-                  pb.FINISH_REASON_TOOL_CALLS: "tool_calls"}  # fmt: skip
-REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")  # a request id: 1 to 128 visible ASCII characters
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer" = OpenAI's newer name for system
-# the sampling message's `constraint` oneof: json_schema, regex, grammar, choice, json_object
-CONSTRAINT_FIELDS: tuple[str, ...] = tuple(
-    f.name for f in pb.SamplingParams.DESCRIPTOR.oneofs_by_name["constraint"].fields
-)
-# the proto3 `optional` sampling fields: unset = the server's default
-OPTIONAL_SAMPLING_FIELDS: tuple[str, ...] = tuple(
-    f.name
-    for f in pb.SamplingParams.DESCRIPTOR.fields
-    if f.has_presence and f.message_type is None and f.name not in CONSTRAINT_FIELDS
-)
 
 
 class InferError(Exception):
@@ -162,11 +144,12 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
     has_chat_template: bool
     kernels: str = ""  # the server's kernel backend: torch, cpu or triton ("" when it does not say)
+    max_waiting_requests: int = 0  # requests it queues before it refuses more (0 when it does not say)
 
     @classmethod
     def from_proto(cls, r: pb.GetModelInfoResponse) -> ModelInfo:
         return cls(r.model_id, r.max_model_len, r.vocab_size, tuple(r.eos_token_ids), r.has_chat_template,
-                   r.kernels)  # fmt: skip
+                   r.kernels, r.max_waiting_requests)  # fmt: skip
 
 
 def _chat(messages: Sequence[Mapping[str, str]]) -> pb.ChatMessages:
@@ -184,7 +167,10 @@ def generate_request(prompt: Prompt, sampling: Sampling | None, request_id: str 
     return request
 
 
-def tokenize_request(text: str | Sequence[Mapping[str, str]], **options: Any) -> pb.TokenizeRequest:
+def tokenize_request(
+    text: str | Sequence[Mapping[str, str]] | pb.ChatMessages, tools: Sequence[pb.Tool] = (), **options: Any
+) -> pb.TokenizeRequest:
     if isinstance(text, str):
         return pb.TokenizeRequest(text=text, **options)
-    return pb.TokenizeRequest(messages=_chat(text), **options)
+    messages = text if isinstance(text, pb.ChatMessages) else _chat(text)
+    return pb.TokenizeRequest(messages=messages, tools=tools, **options)

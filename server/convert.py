@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.types import CHAT_ROLES, OPTIONAL_SAMPLING_FIELDS, REQUEST_ID
+from infer.api import CHAT_ROLES, OPTIONAL_SAMPLING_FIELDS, REQUEST_ID, pb
 from infer.engine import (
     Constraint,
     EngineClient,

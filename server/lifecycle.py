@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from grpc_health.v1 import health, health_pb2
 
-from infer.clients.types import SERVICE_NAME
+from infer.api import SERVICE_NAME
 from infer.engine import EngineClient
 
 logger = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from infer.api import API_KEY_METADATA
 from infer.clients.channel import read_file, read_keys
 
 BEARER = "bearer "
@@ -129,6 +130,6 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
         if handler is None or method.startswith(OPEN_GRPC_PREFIXES):
             return handler
         metadata = handler_call_details.invocation_metadata or ()
-        authorization = next((str(v) for k, v in metadata if k == "authorization"), None)
+        authorization = next((str(v) for k, v in metadata if k == API_KEY_METADATA), None)
         refusal = self.keys.refusal(authorization)
         return handler if refusal is None else _refusing_handler(handler, refusal)

@@ -12,8 +12,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import SERVICE, SERVICE_NAME, pb, pb_grpc
 from infer.engine import EngineClient, FinishReason, QueueFullError, SamplingParams, ToolUse
 from infer.server import convert
 from infer.server.lifecycle import Lifecycle, NotServingError
@@ -137,15 +136,14 @@ Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 def add_to_server(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
     """Register the infer.v1 methods. NOTE: requests arrive as bytes and are parsed here, so a malformed one
     is INVALID_ARGUMENT (grpc's own deserializer would answer UNKNOWN)."""
-    service = pb.DESCRIPTOR.services_by_name["InferenceService"]
     handlers = {}
-    for method in service.methods:
+    for method in SERVICE.methods:
         response_type = getattr(pb, method.output_type.name)
         parsing = _parsing(getattr(pb, method.input_type.name), getattr(servicer, method.name))
         make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
         handlers[method.name] = make(parsing, response_serializer=response_type.SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
-    server.add_registered_method_handlers(service.full_name, handlers)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def _parsing(request_type: type[Message], handler: Handler) -> Handler:

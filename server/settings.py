@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from infer.api import DEFAULT_GRPC_PORT
 from infer.engine import DTYPES, QUANTIZATIONS, EngineConfig, check
 from infer.server.gateway.origins import parse_origins
 from infer.server.limits import RequestLimits
@@ -25,7 +26,7 @@ TRACE_EXPORTERS = ("none", "console", "otlp")
 class ServerConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     host: str = "127.0.0.1"
-    grpc_port: int = 50051  # 0 = any free port
+    grpc_port: int = DEFAULT_GRPC_PORT  # 0 = any free port
     metrics_port: int | None = 9464  # None = no metrics endpoint; 0 = any free port
     http_port: int | None = 8000  # the OpenAI gateway; None = gRPC only; 0 = any free port
     health_port: int | None = None  # plaintext grpc.health.v1 only (probes while gRPC speaks TLS); None = off

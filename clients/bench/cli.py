@@ -10,12 +10,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from infer.api import DEFAULT_ADDRESS
 from infer.clients.bench.load import LoadPlan, run_load
 from infer.clients.bench.metrics import Slo
 from infer.clients.bench.report import BenchRun, markdown, write_outputs
 from infer.clients.bench.targets import PROTOCOLS, Json, make_target
 from infer.clients.bench.workloads import WORKLOADS, WorkloadOptions, make_workload
-from infer.clients.client import DEFAULT_ADDRESS, AsyncInferClient
+from infer.clients.client import AsyncInferClient
 from infer.clients.types import InferError
 
 DEFAULT_HTTP = "http://127.0.0.1:8000/v1"

@@ -18,6 +18,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from infer.api import DEFAULT_ADDRESS
 from infer.clients.channel import ClientTls, read_file
 from infer.server.gateway.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from infer.server.gateway.guard import Guard, HttpLimits
@@ -81,7 +82,7 @@ def app_for(config: GatewayConfig) -> ASGIApp:
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    upstream: str = "127.0.0.1:50051"  # the gRPC server, host:port
+    upstream: str = DEFAULT_ADDRESS  # the gRPC server, host:port
     host: str = "127.0.0.1"
     http_port: int = 8000  # 0 = any free port
     model_id: str | None = None

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from infer.api import DEFAULT_ADDRESS
 from infer.clients.channel import ClientTls
 from infer.server.gateway.app import DEFAULT_TIMEOUT_S, GatewayConfig, GatewayServer
 from infer.server.gateway.guard import HttpLimits
@@ -43,7 +44,7 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
         help="serve the OpenAI HTTP API (/v1/completions, /v1/chat/completions, ...) over a gRPC server",
         description="Each flag is also read from its INFER_* environment variable; a flag wins.",
     )
-    _flag(p, "--upstream", "INFER_UPSTREAM", "127.0.0.1:50051", "the infer gRPC server, host:port")
+    _flag(p, "--upstream", "INFER_UPSTREAM", DEFAULT_ADDRESS, "the infer gRPC server, host:port")
     _flag(p, "--host", "INFER_HOST", "127.0.0.1", "address to listen on (0.0.0.0 for all interfaces)")
     _flag(p, "--http-port", "INFER_HTTP_PORT", "8000", "HTTP port (0 = any free port)", int)
     _flag(p, "--metrics-port", "INFER_METRICS_PORT", str(DEFAULT_METRICS_PORT),

@@ -13,6 +13,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from infer.clients import InferError
+
 RETRY_AFTER_S = {429: 1, 503: 2}  # the Retry-After header of a refused request
 _TYPES = {  # OpenAI's error types by HTTP status; the rest are server_error
     **dict.fromkeys((400, 401, 403, 404, 405, 408, 409, 413, 415, 422), "invalid_request_error"),
@@ -144,9 +146,9 @@ def body_field(error: APIError, constraint_param: str | None) -> APIError:
     return renamed
 
 
-def from_grpc(error: grpc.aio.AioRpcError | grpc.RpcError) -> APIError:
+def from_grpc(error: InferError) -> APIError:
     """The HTTP error for a failed upstream call."""
-    api_error = _from_status(error.code(), error.details() or "")
+    api_error = _from_status(error.code, error.details)
     api_error.is_upstream = True
     return api_error
 

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.types import FINISH_REASONS
+from infer.api import FINISH_REASONS, pb
 
 LOGPROB_FLOOR = -9999.0  # NOTE: JSON has no -inf; OpenAI-compatible servers clamp to this
 Json = dict[str, Any]

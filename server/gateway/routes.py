@@ -16,8 +16,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.types import REQUEST_ID
+from infer.api import API_KEY_METADATA, MAX_REQUEST_ID_CHARS, REQUEST_ID, pb
 from infer.server.gateway import translate
 from infer.server.gateway.errors import RETRY_AFTER_S, APIError, body_field, from_validation
 from infer.server.gateway.metrics import GatewayMetrics
@@ -44,9 +43,8 @@ from infer.server.gateway.upstream import Metadata, Upstream
 logger = logging.getLogger(__name__)
 
 # forwarded as gRPC metadata: the caller's API key (the model server checks it), W3C trace context
-FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate")
+FORWARDED_HEADERS = (API_KEY_METADATA, "traceparent", "tracestate")
 _METADATA_VALUE = re.compile(r"[ -~]*")  # what gRPC takes in a text metadata value: visible ASCII and space
-MAX_REQUEST_ID_CHARS = 128  # clients.types.REQUEST_ID: the model server's bound on a (choice's) request id
 Handler = Callable[[Request, str], Awaitable[Response]]
 M = TypeVar("M", bound=BaseModel)
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from infer.api import ChatRole
 from infer.server.gateway.errors import unsupported
 from infer.server.gateway.strict import Strict
 from infer.server.gateway.structured import Guided, NamedToolChoice, ToolCall, ToolChoice, ToolDef
@@ -177,7 +178,7 @@ class TextPart(Strict):
 
 
 class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: ChatRole
     content: str | list[TextPart] | None = None
     name: str | None = None  # a tool result's function; ignored on the other roles (templates have no place for it)
     tool_calls: list[ToolCall] | None = None  # assistant: the calls it made

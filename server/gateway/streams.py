@@ -12,14 +12,14 @@ import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import grpc
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.api import pb
+from infer.clients import GenerateStream, InferError
 from infer.server.gateway.errors import APIError, from_grpc
 from infer.server.gateway.render import Choice, Format
-from infer.server.gateway.upstream import GenerateCall, Metadata, Upstream
+from infer.server.gateway.upstream import Metadata, Upstream
 
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
@@ -34,8 +34,8 @@ class ClientDisconnectedError(Exception):
 class ChoiceStream:
     """One choice's Generate call, read message by message."""
 
-    def __init__(self, index: int, call: GenerateCall) -> None:
-        self.index, self.call = index, call
+    def __init__(self, index: int, stream: GenerateStream) -> None:
+        self.index, self.stream = index, stream
         self._first: pb.GenerateResponse | None = None
 
     async def read(self) -> pb.GenerateResponse | None:
@@ -44,17 +44,16 @@ class ChoiceStream:
             first, self._first = self._first, None
             return first
         try:
-            response = await self.call.read()
-        except grpc.aio.AioRpcError as e:
+            return await self.stream.read()
+        except InferError as e:
             raise from_grpc(e) from None
-        return None if response is grpc.aio.EOF else response
 
     async def prefetch(self) -> None:
         """Wait for the first message: errors (queue full, bad input, ...) surface before any HTTP header."""
         self._first = await self.read()
 
     def cancel(self) -> None:
-        self.call.cancel()  # a no-op once the call has ended
+        self.stream.cancel()  # a no-op once the call has ended
 
 
 def _cancel(streams: Sequence[ChoiceStream]) -> None:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.api import pb
 from infer.server.gateway.errors import unsupported
 from infer.server.gateway.strict import Strict
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.types import OPTIONAL_SAMPLING_FIELDS
+from infer.api import OPTIONAL_SAMPLING_FIELDS, pb
 from infer.server.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, Sampling
 from infer.server.gateway.structured import calls_proto, set_constraint, tool_choice_proto, tools_proto
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import pb_grpc
 from infer.server.gateway.guard import HttpLimits
 from infer.server.metrics_http import start_metrics_server
 from tests.integration.grpc_helpers import ServerThread, running_fake_server

@@ -10,7 +10,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.api import pb
 
 FLOAT_FIELDS = ["temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"]
 # finite but numerically meaningless: subnormals, past float32's range, float64's ends

@@ -6,7 +6,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.api import pb
 
 INT32 = st.one_of(st.sampled_from([0, 1, -1, 2**31 - 1, -(2**31), 255, 256]), st.integers(-(2**31), 2**31 - 1))
 INT64 = st.one_of(st.sampled_from([0, -1, 2**63 - 1, -(2**63)]), st.integers(-(2**63), 2**63 - 1))

@@ -15,8 +15,7 @@ import httpx
 import pytest
 from hypothesis import event, given
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import pb, pb_grpc
 from tests.fuzz.strategies import chat_bodies, completion_bodies, generate_requests
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
 from tests.unit.server.gateway.gateway_helpers import LoopThread, running_gateway

@@ -19,8 +19,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import pb, pb_grpc
 from tests.fuzz.hostile import (
     RawBody,
     extreme_float_requests,

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import pb_grpc
 from tests.integration.grpc_helpers import ServerThread, running_server
 
 

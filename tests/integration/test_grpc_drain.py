@@ -17,10 +17,9 @@ import grpc
 import httpx
 import pytest
 
+from infer.api import pb, pb_grpc
 from infer.clients import Chunk, Completion, InferClient, InferError, Sampling
 from infer.clients.channel import channel
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.engine.async_engine import AsyncEngine
 from infer.server.settings import ServerConfig
 from tests.helpers.fake_engine import fake_core

@@ -16,8 +16,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import pb, pb_grpc
 from tests.helpers.fake_engine import FakeRunner
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
 
@@ -63,6 +62,7 @@ def test_malformed_protobuf_is_invalid_argument(channel: grpc.Channel, method: s
     [
         (pb.GenerateRequest(prompt="hi", request_id="x" * 5000), "request_id: must be 1 to 128 visible ASCII"),
         (pb.GenerateRequest(prompt="hi", request_id="tab\there"), "request_id: must be 1 to 128 visible ASCII"),
+        (pb.GenerateRequest(prompt="hi", request_id="newline\n"), "request_id: must be 1 to 128 visible ASCII"),
         (
             pb.GenerateRequest(
                 messages=pb.ChatMessages(
@@ -80,7 +80,14 @@ def test_malformed_protobuf_is_invalid_argument(channel: grpc.Channel, method: s
             "prompt: 297 tokens exceeds max_model_len",
         ),
     ],
-    ids=["long-request-id", "invisible-request-id", "unknown-role", "oov-stop-token", "prompt-too-long"],
+    ids=[
+        "long-request-id",
+        "invisible-request-id",
+        "newline-request-id",
+        "unknown-role",
+        "oov-stop-token",
+        "prompt-too-long",
+    ],
 )
 def test_bad_requests_are_refused_naming_the_field(
     server: ServerThread, channel: grpc.Channel, request_: pb.GenerateRequest, message: str

@@ -20,8 +20,7 @@ import grpc
 import pytest
 import torch
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import pb, pb_grpc
 from infer.engine.core import EngineCore
 from infer.engine.scheduler import SchedulerOutput
 from tests.integration.grpc_helpers import ServerThread, running_server

@@ -9,9 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from infer.api import pb, pb_grpc
 from infer.clients import AsyncInferClient, Sampling
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.engine.llm import LLM
 from infer.engine.sampling_params import SamplingParams
 from tests.integration.grpc_helpers import ServerThread

@@ -15,8 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import pb, pb_grpc
 from tests.integration.grpc_helpers import running_server
 
 pytestmark = pytest.mark.slow

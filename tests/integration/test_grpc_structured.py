@@ -17,8 +17,7 @@ import grpc
 import jsonschema
 import pytest
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import pb, pb_grpc
 from infer.engine import structured
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
 

@@ -11,10 +11,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from infer.api import SERVICE_NAME, pb, pb_grpc
 from infer.clients import AsyncInferClient, InferClient, InferError
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
-from infer.clients.types import SERVICE_NAME
 
 
 class Replica(pb_grpc.InferenceServiceServicer):

@@ -13,21 +13,23 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from infer.api import pb, pb_grpc
 from infer.clients import AsyncInferClient, InferClient, InferError, Sampling
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.clients.types import generate_request
 
 
 class FakeServicer(pb_grpc.InferenceServiceServicer):
     def __init__(self) -> None:
         self.requests: list[pb.GenerateRequest] = []
+        self.tokenized: list[pb.TokenizeRequest] = []
+        self.metadata: list[dict[str, str]] = []  # of each Generate and Tokenize call
         self.cancelled = threading.Event()
 
     def Generate(  # noqa: N802 (gRPC method names)
         self, request: pb.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.GenerateResponse]:
         self.requests.append(request)
+        self.metadata.append(dict(context.invocation_metadata()))
         if request.prompt == "invalid":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sampling.top_p: must be in (0, 1]")
         if request.prompt == "endless":
@@ -45,10 +47,14 @@ class FakeServicer(pb_grpc.InferenceServiceServicer):
 
     def GetModelInfo(self, request: Any, context: grpc.ServicerContext) -> pb.GetModelInfoResponse:  # noqa: N802
         return pb.GetModelInfoResponse(
-            model_id="fake", max_model_len=64, vocab_size=100, eos_token_ids=[2], kernels="cpu"
+            model_id="fake", max_model_len=64, vocab_size=100, eos_token_ids=[2], kernels="cpu", max_waiting_requests=8
         )
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:  # noqa: N802
+        self.tokenized.append(request)
+        self.metadata.append(dict(context.invocation_metadata()))
+        if request.text == "slow":
+            time.sleep(1.0)
         if request.WhichOneof("input") == "messages":
             return pb.TokenizeResponse(token_ids=[len(request.messages.messages)])
         return pb.TokenizeResponse(token_ids=[len(request.text), int(request.add_special_tokens)])
@@ -146,7 +152,7 @@ def test_async_client(fake: tuple[str, FakeServicer]) -> None:
 def test_optional_sampling_fields_come_from_the_proto() -> None:
     from dataclasses import fields
 
-    from infer.clients.types import OPTIONAL_SAMPLING_FIELDS, Sampling
+    from infer.api import OPTIONAL_SAMPLING_FIELDS
 
     assert set(OPTIONAL_SAMPLING_FIELDS) == {
         "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -154,3 +160,63 @@ def test_optional_sampling_fields_come_from_the_proto() -> None:
     }  # fmt: skip
     typed = {f.name for f in fields(Sampling)}
     assert set(OPTIONAL_SAMPLING_FIELDS) <= typed  # the typed client offers every one of them
+
+
+def test_the_async_client_opens_its_channel_in_the_loop_that_uses_it(fake: tuple[str, FakeServicer]) -> None:
+    """Made outside any event loop (as the gateway makes it at start), used in one loop, closed, used in another."""
+    address, _ = fake
+    client = AsyncInferClient(address, timeout_s=10)
+
+    async def ask() -> int:
+        try:
+            return (await client.model_info()).max_waiting_requests
+        finally:
+            await client.close()
+
+    assert asyncio.run(ask()) == 8
+    assert asyncio.run(ask()) == 8
+
+
+def test_the_async_client_sends_whole_requests_with_the_caller_s_metadata(fake: tuple[str, FakeServicer]) -> None:
+    """What the gateway needs: a GenerateRequest as built (constraint and all), chat messages with tools, and
+    the caller's own metadata (its key wins over the client's)."""
+    address, servicer = fake
+    request = generate_request("Hello", Sampling(max_tokens=2, regex="[a-z]+"), "r-9")
+    messages = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="x"), pb.ChatMessage(role="tool")])
+    tool = pb.Tool(name="get_weather", parameters='{"type": "object"}')
+    caller = [("authorization", "Bearer caller-key"), ("traceparent", "00-abc-01")]
+
+    async def main() -> None:
+        async with AsyncInferClient(address, timeout_s=10, api_key="client-key") as client:
+            stream = client.stream(request, metadata=caller)
+            texts = []
+            while (response := await stream.read()) is not None:
+                texts.append(response.text)
+            assert texts == ["Hel", "lo"]
+            assert servicer.requests[-1] == request
+            assert servicer.metadata[-1]["authorization"] == "Bearer caller-key"
+            assert servicer.metadata[-1]["traceparent"] == "00-abc-01"
+            assert await client.tokenize(messages, tools=[tool], metadata=caller) == [2]
+            assert list(servicer.tokenized[-1].tools) == [tool]
+            assert servicer.metadata[-1]["authorization"] == "Bearer caller-key"
+            assert await client.tokenize("ab") == [2, 0]
+            assert servicer.metadata[-1]["authorization"] == "Bearer client-key"
+            failing = client.stream(generate_request("invalid", None))
+            with pytest.raises(InferError) as info:
+                await failing.read()
+            assert info.value.code is grpc.StatusCode.INVALID_ARGUMENT
+
+    asyncio.run(main())
+
+
+def test_unary_calls_have_their_own_deadline(fake: tuple[str, FakeServicer]) -> None:
+    address, _ = fake
+
+    async def main() -> None:
+        async with AsyncInferClient(address, timeout_s=10, unary_timeout_s=0.2) as client:
+            with pytest.raises(InferError) as info:
+                await client.tokenize("slow")
+            assert info.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert (await client.complete("Hello")).text == "Hello"  # streams keep timeout_s
+
+    asyncio.run(main())

@@ -19,7 +19,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import pb_grpc
 from infer.server.security import ApiKeyInterceptor, ApiKeys, TlsFiles, server_credentials
 from tests.unit.server.gateway.gateway_helpers import FakeUpstream, LoopThread
 

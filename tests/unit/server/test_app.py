@@ -9,8 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
+from infer.api import pb, pb_grpc
 from infer.engine.async_engine import AsyncEngine, WarmupError
 from infer.server import app
 from infer.server.app import InferenceServer, grpc_options, serve

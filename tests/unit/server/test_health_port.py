@@ -12,9 +12,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from infer.api import pb, pb_grpc
 from infer.clients.channel import ClientTls, channel
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.engine.async_engine import AsyncEngine
 from infer.server.app import InferenceServer
 from infer.server.cli import main

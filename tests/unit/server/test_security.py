@@ -12,9 +12,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from infer.api import pb, pb_grpc
 from infer.clients.channel import ClientTls, channel, with_api_key
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
 from infer.server import security
 from infer.server.app import grpc_options
 from infer.server.limits import RequestLimits

@@ -7,8 +7,7 @@ from typing import Any, cast
 
 import pytest
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.types import CONSTRAINT_FIELDS
+from infer.api import CONSTRAINT_FIELDS, pb
 from infer.engine import Constraint
 from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
 from infer.engine.sampling_params import SamplingParams

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.api import pb
 from infer.engine.async_engine import AsyncEngine
 from infer.engine.config import EngineConfig
 from infer.server.lifecycle import Lifecycle

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.api import pb
 from infer.server.gateway import GatewayConfig, add_gateway_parser, local_upstream, run_gateway
 from infer.server.gateway.cli import config_from_args
 from infer.server.gateway.render import Choice, usage

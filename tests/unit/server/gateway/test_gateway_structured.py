@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from infer.clients.proto.v1 import inference_pb2 as pb
+from infer.api import pb
 from tests.unit.server.gateway.gateway_helpers import (
     CHAT,
     COMPLETIONS,

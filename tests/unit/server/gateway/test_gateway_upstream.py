@@ -12,9 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from infer.clients.proto.v1 import inference_pb2 as pb
-from infer.clients.proto.v1 import inference_pb2_grpc as pb_grpc
-from infer.clients.types import SERVICE_NAME
+from infer.api import SERVICE_NAME, pb, pb_grpc
 from infer.server.gateway.upstream import Upstream
 
 

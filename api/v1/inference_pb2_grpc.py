@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from infer.clients.proto.v1 import inference_pb2 as infer_dot_v1_dot_inference__pb2
+from infer.api.v1 import inference_pb2 as infer_dot_v1_dot_inference__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -1,7 +1,7 @@
-"""Regenerate the Python stubs of `proto/infer/v1/*.proto` into `clients/proto/v1/` (`make proto`).
+"""Regenerate the Python stubs of `proto/infer/v1/*.proto` into `api/v1/` (`make proto`).
 
 protoc names modules after the proto path (`infer.v1.inference_pb2`); the stubs live in
-`infer.clients.proto.v1`, so their imports are rewritten. Needs grpcio-tools (the `dev` extra).
+`infer.api.v1`, so their imports are rewritten. Needs grpcio-tools (the `dev` extra).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 PROTO_ROOT = REPO_ROOT / "proto"
 PROTO_PACKAGE = "infer/v1"  # folder under PROTO_ROOT
 OUT_DIR = Path(__file__).resolve().parent / "v1"
-TARGET_MODULE = "infer.clients.proto.v1"
+TARGET_MODULE = "infer.api.v1"
 
 INIT = '"""Generated gRPC stubs of the infer.v1 proto. Do not edit: run `make proto`."""\n'
 _IMPORT = re.compile(r"\bfrom infer\.v1 import\b")

@@ -1,0 +1,98 @@
+"""Who owns what: the gRPC contract lives in `infer.api` and everything that speaks the protocol (the server, the
+gateway, the clients) imports it from there; the models run on the kernel interface, never a backend's insides."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import infer.api
+import infer.kernels
+from tests.helpers.imports import imports_from
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEAKERS = ("server", "clients")  # server/ holds the gateway (server/gateway/)
+STUB_MODULES = {"inference_pb2", "inference_pb2_grpc"}
+CONTRACT_NAMES = set(infer.api.__all__) | STUB_MODULES
+
+
+def _files(*folders: str) -> list[Path]:
+    files = sorted(f for folder in folders for f in (ROOT / folder).rglob("*.py"))
+    assert len(files) > 10
+    return files
+
+
+def _imports(path: Path) -> Iterator[tuple[str, str]]:
+    """(module, name) of every import in a file; name is "" for a plain `import module`."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            yield from ((node.module or "", alias.name) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            yield from ((alias.name, "") for alias in node.names)
+
+
+def _where(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_server_gateway_and_clients_take_the_contract_from_infer_api() -> None:
+    found, elsewhere = set(), []
+    for path in _files(*SPEAKERS):
+        for module, name in _imports(path):
+            is_stub = module.split(".")[-1] in STUB_MODULES or "proto" in module.split(".")
+            if name in CONTRACT_NAMES or (module.startswith("infer.") and is_stub):
+                found.add(_where(path).split("/")[0] + ("/gateway" if "/gateway/" in _where(path) else ""))
+                if module != "infer.api":
+                    elsewhere.append(f"{_where(path)}: from {module} import {name}")
+    assert elsewhere == [], "import the stubs and the shared names from `infer.api` (`from infer.api import pb`)"
+    assert found == {"server", "server/gateway", "clients"}, found
+
+
+def _assigned_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _string_collections(tree: ast.Module) -> Iterator[set[str]]:
+    """The strings of every tuple, list or set of string literals (a `Literal[...]`'s arguments included)."""
+    for node in ast.walk(tree):
+        elts = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else []
+        strings = [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        if strings and len(strings) == len(elts):
+            yield set(strings)
+
+
+def test_nothing_defines_the_contract_a_second_time() -> None:
+    """No module but infer.api assigns a contract name, or spells out the chat roles or the finish reasons."""
+    roles, reasons = set(infer.api.CHAT_ROLES), set(infer.api.FINISH_REASONS.values())
+    again = []
+    for path in _files(*SPEAKERS):
+        tree = ast.parse(path.read_text(), str(path))
+        again += [f"{_where(path)}: {name} =" for name in sorted(_assigned_names(tree) & CONTRACT_NAMES)]
+        again += [f"{_where(path)}: {sorted(s)}" for s in _string_collections(tree) if s in (roles, reasons)]
+    assert again == [], "take these from `infer.api`"
+
+
+def test_only_infer_api_holds_the_stubs() -> None:
+    found = ROOT.glob("[!.]*/**/*_pb2*.py*")
+    stubs = sorted(_where(p) for p in found if p.suffix in (".py", ".pyi") and "node_modules" not in p.parts)
+    assert stubs and all(s.startswith("api/v1/") for s in stubs), stubs
+
+
+def test_models_import_only_the_kernel_interface() -> None:
+    """engine/models run ops on the `Kernels` they are given: `infer.kernels`' public names (or its interface
+    module), never a backend's module (reference, cpu, compiled, *_triton), and they never choose one."""
+    public = set(infer.kernels.__all__) - {"select_kernels", "BACKENDS"}
+    outside = []
+    for path in sorted((ROOT / "engine" / "models").rglob("*.py")):
+        for module, name in imports_from(path, "infer.kernels"):
+            if not (module == "infer.kernels" and name in public) and module != "infer.kernels.interface":
+                outside.append(f"{_where(path)}: from {module} import {name}")
+        modules = {m.split(".")[0] for m, _ in _imports(path)}
+        assert "triton" not in modules, f"{_where(path)} imports triton"
+    assert outside == [], "models take ops from the `Kernels` interface"
