@@ -31,6 +31,7 @@ WORKLOADS = ("grounded", "random")
 LOADS = {"batch1": 1, "c16": 16}  # streams at once
 METRICS = ("output_tok_s", "decode_tok_s", "ttft_p50_s")
 OFF_VALUES = ("none", "off", "false", "0")
+NO_SPECULATION = "not measured: this build has no setting whose name starts with `specul`"
 
 
 def precisions() -> dict[str, dict[str, str]]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from bench_matrix import (
     LLAMA,
+    NO_SPECULATION,
     Figures,
     MatrixWork,
     Round,
@@ -107,8 +108,6 @@ def run_matrix(model_dir: Path, tokenizer: Any, names: Sequence[str], rounds: in
     if speculation is not None and not speculation.setting.is_engine:
         notes.append(f"speculation: `{speculation.setting.name}` is a server setting; LLM cannot take it")
         speculation = None
-    elif speculation is None:
-        notes.append("speculation: the engine has no setting whose name starts with `specul`; not measured")
     vs = variants(names, speculation)
     llama = with_llama and LLAMA_SERVER.exists()
     if with_llama and not llama:
@@ -146,8 +145,8 @@ def _intro(rounds: int, work: MatrixWork, workloads: dict[str, Workload], spec: 
         f"prompt), chat-formatted, {min(len(r.prompt) for r in grounded)}–{max(len(r.prompt) for r in grounded)} "
         f"prompt tokens, {work.grounded_tokens} new; random: token ids, {min(len(r.prompt) for r in random_)}–"
         f"{max(len(r.prompt) for r in random_)} prompt tokens, {work.random_tokens} new",
-        f"- batch 1: {work.batch1_requests} requests; 16 concurrent: {work.concurrent_requests} requests",
-        f"- speculation: {spec.describe() if spec else 'not available in this build'}",
+        f"- batch 1: {work.batch1_requests} request(s); 16 concurrent: {work.concurrent_requests} requests",
+        f"- speculation: {spec.describe() if spec else NO_SPECULATION}",
     ]
 
 

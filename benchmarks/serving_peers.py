@@ -17,6 +17,7 @@ from typing import Any
 
 from bench_matrix import (
     LLAMA,
+    NO_SPECULATION,
     Figures,
     MatrixWork,
     Round,
@@ -115,8 +116,6 @@ def run_peers(opts: PeerOptions, log_dir: Path) -> dict[str, Any]:
         systems.append(LLAMA)
     elif opts.with_llama:
         notes.append(f"llama-server skipped: {LLAMA_SERVER} not found (`make peers` builds it)")
-    if opts.speculation is None:
-        notes.append("speculation: the server has no setting whose name starts with `specul`; not measured")
     rounds: list[Round] = []
     for i in range(opts.rounds):
         figures_of: Round = {}
@@ -135,7 +134,7 @@ def run_peers(opts: PeerOptions, log_dir: Path) -> dict[str, Any]:
 
 
 def intro(opts: PeerOptions, workloads: dict[str, Workload]) -> list[str]:
-    spec = opts.speculation.describe() if opts.speculation else "not available in this build"
+    spec = opts.speculation.describe() if opts.speculation else NO_SPECULATION
     grounded, random_ = workloads["grounded/c16"].requests, workloads["random/c16"].requests
     return [
         f"{opts.rounds} round(s); each starts every server in turn (the order reversed every other round), runs the "
@@ -148,7 +147,7 @@ def intro(opts: PeerOptions, workloads: dict[str, Workload]) -> list[str]:
         f"chat-formatted, {min(len(r.prompt) for r in grounded)}–{max(len(r.prompt) for r in grounded)} prompt "
         f"tokens, {opts.work.grounded_tokens} new; random: token ids, {min(len(r.prompt) for r in random_)}–"
         f"{max(len(r.prompt) for r in random_)} prompt tokens, {opts.work.random_tokens} new",
-        f"- batch 1: {opts.work.batch1_requests} requests one at a time; 16 concurrent: "
+        f"- batch 1: {opts.work.batch1_requests} request(s) one at a time; 16 concurrent: "
         f"{opts.work.concurrent_requests} requests, 16 streams at once",
         f"- speculation: {spec}",
     ]
