@@ -134,7 +134,8 @@ def run_matrix(model_dir: Path, tokenizer: Any, names: Sequence[str], rounds: in
 def _intro(rounds: int, work: MatrixWork, workloads: dict[str, Workload], spec: Speculation | None) -> list[str]:
     grounded, random_ = workloads["grounded/c16"].requests, workloads["random/c16"].requests
     return [
-        f"{rounds} round(s); each measures every infer variant (`LLM.generate`, a fresh LLM, prefix caching off) "
+        f"{rounds} round(s); each measures every infer variant (`LLM.generate`, a fresh LLM, prefix caching off, "
+        "the KV tokens of llama-server's context) "
         "and llama-server (`-np 16`, Q4_1, over its OpenAI `/v1/completions` with token-id prompts, "
         "`cache_prompt: false`) in turn, the order reversed every other round. Greedy, `ignore_eos`. Batch 1: "
         "`LLM.stream`, one request at a time (decode tok/s from each first token to its last); 16 concurrent: "

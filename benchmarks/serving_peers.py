@@ -140,7 +140,8 @@ def intro(opts: PeerOptions, workloads: dict[str, Workload]) -> list[str]:
         f"{opts.rounds} round(s); each starts every server in turn (the order reversed every other round), runs the "
         "four loads below over the OpenAI `/v1/completions` endpoint with the same token-id prompts, and stops it. "
         "Cold caches: infer runs with `--no-enable-prefix-caching`, llama-server (`-np 16`, Q4_1) gets "
-        "`cache_prompt: false`. Greedy, `ignore_eos`: every system generates the same number of tokens. A cell is "
+        "`cache_prompt: false`; both hold the same KV tokens (16 × the longest request). Greedy, `ignore_eos`: "
+        "every system generates the same number of tokens. A cell is "
         "the median over rounds, (×) the median of the per-round ratios to llama-server.",
         "",
         f"- grounded: benchmarks/grounded.json (summarize, extract, rewrite a passage; edit code given in the prompt), "

@@ -175,7 +175,8 @@ def _configs(meta: dict[str, Any]) -> list[str]:
              f"blocks of 16 tokens), `--max-model-len {meta['max_model_len']}`, otherwise:", ""]  # fmt: skip
     lines += [f"- `{name}`: {text}" for name, text in CONFIGS.items()]
     peer = meta["llama"] or "not run"
-    lines += ["- the peer comparison above: `--no-enable-prefix-caching` and each precision (`--dtype bfloat16`, "
+    lines += ["- the peer comparison above: its own KV size (llama-server's context), `--no-enable-prefix-caching` "
+              "and each precision (`--dtype bfloat16`, "
               "`--quantization ...`), with speculation on and off; llama.cpp `llama-server -np 16 -t 2` "
               f"({peer}) over its OpenAI `/v1/completions` with token-id prompts, `cache_prompt: false`",
               ""]  # fmt: skip
