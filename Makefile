@@ -114,8 +114,10 @@ proto: $(DEV_STAMP)
 	$(BIN)/python -m infer.api.codegen
 
 # benchmarks: not tests; each writes JSON and a Markdown table to docs/benchmarks/
+# offline: LLM.generate vs transformers, then every precision (speculation on/off) vs llama-server in rounds on the
+# input-grounded and random-token workloads (llama.cpp from `make peers`); shorter: ARGS='--matrix-rounds 1'
 bench-offline: $(DEV_STAMP) kernels
-	$(BIN)/python benchmarks/offline.py
+	$(BIN)/python benchmarks/offline.py $(ARGS)
 
 # lower-precision weights (bf16, int8) against transformers fp32: greedy agreement and perplexity
 bench-precision: $(DEV_STAMP) kernels
@@ -153,8 +155,9 @@ image:
 test-image: $(DEV_STAMP)
 	$(BIN)/python -m tests.image.check_image
 
-# online serving: every engine configuration, then llama.cpp when `make peers` built it (~20 min on 2 cores);
-# shorter: make bench-serving ARGS='--scale 0.25 --max-tokens 16'
+# online serving: every engine configuration, then every precision (speculation on/off) vs llama.cpp's llama-server
+# (when `make peers` built it) in alternating rounds, input-grounded and random-token workloads (~1 h: an estimate);
+# shorter: make bench-serving ARGS='--scale 0.25 --max-tokens 16 --rounds 1'
 bench-serving: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/serving.py $(ARGS)
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matrix_report
+import offline_matrix
 import torch
 from offline_peers import PRECISIONS, bench_llama, bench_precisions
 
@@ -225,6 +227,8 @@ def write_report(results: dict[str, Any], out_dir: Path = OUT_DIR) -> None:
     lines += [
         "",
     ]
+    if "matrix" in r:
+        lines += matrix_report.markdown(r["matrix"], "offline")
     if len(rows) > 1:
         lines += [
             "The transformers baselines run on the first requests of the same workload (they take minutes per "
@@ -260,6 +264,7 @@ def main() -> None:
     ap.add_argument("--skip-reference", action="store_true", help="skip infer on the PyTorch reference kernels")
     ap.add_argument("--skip-precisions", action="store_true", help="skip infer with bf16 and int8 weights")
     ap.add_argument("--skip-llama", action="store_true", help="skip llama.cpp's llama-server")
+    offline_matrix.add_arguments(ap)
     args = ap.parse_args()
     model_dir = default_model_dir()
     llm = LLM(str(model_dir), max_model_len=1024)
@@ -287,7 +292,7 @@ def main() -> None:
     results["bandwidth_ceiling_tok_s"] = bandwidth / weight_bytes
     compiled = llm.core.model_info.kernels == "cpu"
     results["kernels"] = "compiled CPU kernels" if compiled else "PyTorch references"
-    slots = llm.core.config.max_num_seqs
+    slots, tokenizer = llm.core.config.max_num_seqs, llm.tokenizer
     del llm
     if not args.skip_reference and compiled:
         # the same engine on the references (INFER_KERNELS=torch), in this run: the compiled kernels' gain
@@ -303,6 +308,9 @@ def main() -> None:
         )  # fmt: skip
     if not args.skip_llama:
         results["llama"] = bench_llama(work.prompts, work.max_new, slots, batch1_prompt, args.batch1_tokens)
+    if not args.skip_matrix:
+        results["matrix"] = offline_matrix.run_from_args(args, model_dir, tokenizer)
+        results["goals"] = matrix_report.goals(results["matrix"]["rounds"], results["matrix"]["precisions"], "offline")
     if not args.skip_hf:
         model = hf_model(model_dir)
         results["hf_sequential_requests"] = args.hf_sequential

@@ -1,9 +1,9 @@
 """The rows `benchmarks/offline.py` adds beside fp32 `LLM.generate`: infer's lower-precision options and llama.cpp.
 
-Each is measured on the same workload in the same run: `LLM.generate` with `--dtype bfloat16` or
-`--quantization int8`, and llama.cpp's `llama-server` (built by `make peers`; skipped with a note when absent)
-with as many parallel slots as infer runs sequences, driven over its OpenAI endpoint by `infer bench`'s load
-generator with token-id prompts, `ignore_eos` and no prompt cache.
+Each is measured on the same workload in the same run: `LLM.generate` with `--dtype bfloat16` or each
+`--quantization` choice (bench_matrix.precisions), and llama.cpp's `llama-server` (built by `make peers`;
+skipped with a note when absent) with as many parallel slots as infer runs sequences, driven over its OpenAI
+endpoint by `infer bench`'s load generator with token-id prompts, `ignore_eos` and no prompt cache.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench_matrix import precisions
 from serving_servers import LLAMA_SERVER, llama_server
 
 from infer import LLM, SamplingParams
@@ -24,7 +25,7 @@ from infer.clients.bench.targets import make_target
 from infer.clients.bench.workloads import RequestSpec
 from infer.clients.bench.workloads import Workload as BenchWorkload
 
-PRECISIONS: dict[str, dict[str, str]] = {"bf16": {"dtype": "bfloat16"}, "int8": {"quantization": "int8"}}
+PRECISIONS = {name: settings for name, settings in precisions().items() if name != "fp32"}
 
 
 def bench_precisions(

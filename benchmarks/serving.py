@@ -2,8 +2,9 @@
 
 `make bench-serving` runs this. It starts each server itself (`infer serve` in a subprocess on free
 127.0.0.1 ports, one at a time), drives it with `infer bench`'s load generator, stops it, then runs
-offline `LLM.generate` and llama.cpp's `llama-server` (when `make peers` has built it) on the same
-prompts. Writes docs/benchmarks/serving.md, serving.json and the plots; every figure comes from one run.
+offline `LLM.generate` on the same prompts, then the peer comparison (serving_peers.py): every precision,
+speculation on and off, and llama.cpp's `llama-server` (when `make peers` has built it) in alternating rounds.
+Writes docs/benchmarks/serving.md, serving.json and the plots; every figure comes from one run.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench_matrix import MatrixWork, find_speculation, precisions
+from serving_peers import PeerOptions, run_peers
 from serving_report import write_report
-from serving_servers import LLAMA_SERVER, Running, infer_server, llama_server, llama_version
+from serving_servers import LLAMA_SERVER, Running, infer_server, llama_version
 
 from infer.clients.bench.load import LoadPlan, run_load
 from infer.clients.bench.metrics import Slo
@@ -41,8 +44,6 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "full": (*COMMON, "--kv-reserve", "full"),
     "unchunked": (*COMMON, "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(MAX_MODEL_LEN)),
     "no_prefix": (*COMMON, "--no-enable-prefix-caching"),
-    "int8": (*COMMON, "--quantization", "int8"),
-    "bf16": (*COMMON, "--dtype", "bfloat16"),
 }
 SLO = Slo(ttft_s=2.0, tpot_s=0.25)  # for goodput: first token within 2 s, then 4 tokens/s per stream
 PEER_SLOTS = 16
@@ -51,7 +52,7 @@ PEER_SLOTS = 16
 @dataclass(frozen=True)
 class Experiment:
     key: str  # the run's name in the report
-    server: str  # a SERVERS key, or "llama"
+    server: str  # a SERVERS key
     workload: str
     protocol: str = "grpc"
     concurrency: int | None = None
@@ -72,14 +73,7 @@ EXPERIMENTS = (
     Experiment("paged_attention/full", "full", "paged_attention"),
     Experiment("chunked_prefill/unchunked", "unchunked", "chunked_prefill"),
     Experiment("prefix_caching/off", "no_prefix", "prefix_caching"),
-    # the peer comparison: each precision option and llama-server over the same front door (OpenAI completions)
-    Experiment("baseline/int8", "int8", "baseline", "completions"),
-    Experiment("saturation/int8", "int8", "saturation", "completions", concurrency=PEER_SLOTS),
-    Experiment("baseline/bf16", "bf16", "baseline", "completions"),
-    Experiment("saturation/bf16", "bf16", "saturation", "completions", concurrency=PEER_SLOTS),
-    Experiment("baseline/llama", "llama", "baseline", "completions"),
-    Experiment("saturation/llama", "llama", "saturation", "completions", concurrency=PEER_SLOTS),
-)
+)  # the peer comparison (precisions, speculation, llama-server) is serving_peers.py: the "peers" server
 
 
 @dataclass(frozen=True)
@@ -89,6 +83,7 @@ class Options:
     servers: tuple[str, ...]
     progress: bool
     out_dir: Path
+    peers: PeerOptions | None = None  # the "peers" comparison
 
 
 def workload(name: str, opts: Options, seed: int = 0) -> Workload:
@@ -102,8 +97,7 @@ def workload(name: str, opts: Options, seed: int = 0) -> Workload:
 async def run_experiment(exp: Experiment, server: Running, opts: Options) -> list[BenchRun]:
     """One run, or one per rate of a sweep; each rate gets its own prompts (seed + i): no prefix-cache carry-over."""
     address = server.grpc if exp.protocol == "grpc" and server.grpc else server.http
-    extra = {"cache_prompt": False} if exp.server == "llama" else None  # NOTE: no prompt reuse between slots
-    target = make_target(exp.protocol, address, None, extra)
+    target = make_target(exp.protocol, address)
     plans = [LoadPlan(rate=r, seed=i, progress=opts.progress) for i, r in enumerate(exp.rates)] or [
         LoadPlan(concurrency=exp.concurrency, warmup=1, progress=opts.progress)
     ]
@@ -141,9 +135,14 @@ def run_all(opts: Options, log_dir: Path) -> dict[str, Any]:
     """Each server in turn: start, run its experiments, stop. Offline and the peer run on the same prompts."""
     runs: dict[str, list[BenchRun]] = {}
     notes: list[str] = []
-    offline = None
+    offline, peers = None, None
     for name in opts.servers:
         start, load = time.monotonic(), os.getloadavg()[0]
+        if name == "peers" and opts.peers is not None:
+            print("infer (every precision, speculation on/off) vs llama-server, in rounds", flush=True)
+            peers = run_peers(opts.peers, log_dir)
+            notes.append(f"peers: {time.monotonic() - start:.0f} s, load average {load:.1f} → {os.getloadavg()[0]:.1f}")
+            continue
         if name == "offline":
             print("offline LLM.generate on the saturation prompts", flush=True)
             offline = offline_throughput(opts, log_dir)
@@ -151,19 +150,10 @@ def run_all(opts: Options, log_dir: Path) -> dict[str, Any]:
                 f"offline: {time.monotonic() - start:.0f} s, load average {load:.1f} → {os.getloadavg()[0]:.1f}"
             )
             continue
-        if name == "llama" and not LLAMA_SERVER.exists():
-            notes.append(f"llama-server skipped: {LLAMA_SERVER} not found (run `make peers` to build it)")
-            print(notes[-1], flush=True)
-            continue
         exps = [e for e in EXPERIMENTS if e.server == name]
         print(f"server {name}: {len(exps)} experiment(s)", flush=True)
-        ctx = (
-            llama_server(PEER_SLOTS, 12288, 2, log_dir)
-            if name == "llama"
-            else infer_server(name, SERVERS[name], log_dir)
-        )
         try:
-            with ctx as server:
+            with infer_server(name, SERVERS[name], log_dir) as server:
                 for exp in exps:
                     runs[exp.key] = asyncio.run(run_experiment(exp, server, opts))
         except Exception as e:  # NOTE: one server failing must not lose the others' figures
@@ -172,7 +162,7 @@ def run_all(opts: Options, log_dir: Path) -> dict[str, Any]:
             continue
         notes.append(f"{name}: {time.monotonic() - start:.0f} s, load average {load:.1f} → {os.getloadavg()[0]:.1f}")
         print(notes[-1], flush=True)
-    return {"runs": runs, "offline": offline, "notes": notes}
+    return {"runs": runs, "offline": offline, "peers": peers, "notes": notes}
 
 
 def main() -> None:
@@ -180,16 +170,22 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0,
                     help="request counts x this (0.25 for a quick run); the burst of 48 stays")  # fmt: skip
     ap.add_argument("--max-tokens", type=int, default=None, help="cap every request's new tokens")
-    ap.add_argument("--servers", default=",".join([*SERVERS, "offline", "llama"]), help="which, comma-separated")
+    ap.add_argument("--servers", default=",".join([*SERVERS, "offline", "peers"]),
+                    help="which, comma-separated; peers: every precision and llama-server, in rounds")  # fmt: skip
     ap.add_argument("--out-dir", type=Path, default=OUT_DIR)
     ap.add_argument("--no-progress", action="store_true")
+    add_peer_arguments(ap)
     args = ap.parse_args()
     servers = tuple(args.servers.split(","))
-    unknown = set(servers) - {*SERVERS, "offline", "llama"}
+    unknown = set(servers) - {*SERVERS, "offline", "peers"}
     if unknown:
         ap.error(f"unknown server(s): {', '.join(sorted(unknown))}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every started server is stopped
-    opts = Options(args.scale, args.max_tokens, servers, not args.no_progress, args.out_dir)
+    try:
+        peers = peer_options(args)
+    except ValueError as e:
+        ap.error(str(e))
+    opts = Options(args.scale, args.max_tokens, servers, not args.no_progress, args.out_dir, peers)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="infer-serving-") as tmp:
         result = run_all(opts, Path(tmp))
@@ -198,11 +194,36 @@ def main() -> None:
         "command": "make bench-serving" + (f" ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else ""),
         "scale": args.scale, "max_tokens": args.max_tokens, "num_blocks": NUM_BLOCKS,
         "max_model_len": MAX_MODEL_LEN, "servers": {k: list(v) for k, v in SERVERS.items()},
-        "llama": llama_version() if "llama" in servers and LLAMA_SERVER.exists() else "",
+        "llama": llama_version() if "peers" in servers and LLAMA_SERVER.exists() else "",
         "wall_s": time.monotonic() - started, "slo": {"ttft_s": SLO.ttft_s, "tpot_s": SLO.tpot_s},
     }  # fmt: skip
     for path in write_report(result, meta, opts.out_dir):
         print(f"wrote {path}")
+
+
+def add_peer_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--rounds", type=int, default=2, help="peers: rounds over every server (medians)")
+    ap.add_argument("--precisions", default=",".join(precisions()), help="peers: which, comma-separated")
+    ap.add_argument(
+        "--speculation-setting",
+        default=None,
+        help="peers: the server setting that turns speculation on (default: the first named specul*)",
+    )
+    ap.add_argument("--speculation-on", default=None, help="peers: its value for on (default: true / ngram / 4)")
+    ap.add_argument("--no-llama", action="store_true", help="peers: infer only")  # fmt: skip
+
+
+def peer_options(args: argparse.Namespace) -> PeerOptions:
+    """The peers comparison's options; --scale scales its request counts, --max-tokens caps its new tokens."""
+    scale, cap = args.scale, args.max_tokens or 10**9
+    work = MatrixWork(batch1_requests=max(1, round(4 * scale)), concurrent_requests=max(2, round(32 * scale)),
+                      grounded_tokens=min(128, cap), random_tokens=min(128, cap))  # fmt: skip
+    spec = find_speculation(args.speculation_setting, args.speculation_on)
+    if args.speculation_setting and spec is None:
+        raise ValueError(f"--speculation-setting {args.speculation_setting}: no such server setting")
+    flags = ("--max-model-len", str(MAX_MODEL_LEN))
+    return PeerOptions(args.rounds, work, tuple(args.precisions.split(",")), spec, flags, not args.no_progress,
+                       not args.no_llama)  # fmt: skip
 
 
 def _cpu_name() -> str:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matrix_report
+
 from infer.clients.bench.metrics import Summary
 from infer.clients.bench.plots import plot_cdfs, plot_sweep
 from infer.clients.bench.report import BenchRun, markdown_table, slo_text
@@ -100,42 +102,7 @@ def _http(runs: Runs, offline: dict[str, Any] | None) -> Goal:
     return _goal("HTTP gateway overhead per output token vs gRPC", "≤ 5%", r, lambda x: x <= 0.05, detail)
 
 
-INFER_OVER_HTTP = {"fp32": "saturation/http", "int8": "saturation/int8", "bf16": "saturation/bf16"}
-INFER_BATCH1 = {"fp32": "baseline", "int8": "baseline/int8", "bf16": "baseline/bf16"}
-
-
-def _best(runs: Runs, keys: dict[str, str], score: Callable[[Summary], float]) -> tuple[str, Summary] | None:
-    """infer's best precision option among the runs that exist, by `score` (higher is better)."""
-    found = [(name, s) for name, key in keys.items() if (s := _summary(runs, key)) is not None and s.num_ok]
-    return max(found, key=lambda f: score(f[1])) if found else None
-
-
-def _peer(runs: Runs, offline: dict[str, Any] | None) -> Goal:
-    name, target = "infer (best precision) / llama-server output tok/s, 16 concurrent", "≥ 2×"
-    best, llama = _best(runs, INFER_OVER_HTTP, lambda s: s.output_tokens_per_s), _summary(runs, "saturation/llama")
-    if best is None or llama is None or not llama.output_tokens_per_s:
-        return _goal(name, target, math.nan, bool, "")
-    r = best[1].output_tokens_per_s / llama.output_tokens_per_s
-    detail = f"{best[1].output_tokens_per_s:.1f} ({best[0]}) vs {llama.output_tokens_per_s:.1f} tok/s, both over HTTP"
-    return _goal(name, target, r, lambda x: x >= 2, detail)
-
-
-def _decode_tok_s(s: Summary) -> float:
-    return 1 / s.tpot_s.mean if s.tpot_s.mean else 0.0
-
-
-def _peer_batch1(runs: Runs, offline: dict[str, Any] | None) -> Goal:
-    name, target = "infer (best precision) / llama-server batch-1 decode tok/s (1 / mean TPOT)", "≥ 1×"
-    best, llama = _best(runs, INFER_BATCH1, _decode_tok_s), _summary(runs, "baseline/llama")
-    if best is None or llama is None or not _decode_tok_s(llama):
-        return _goal(name, target, math.nan, bool, "")
-    r = _decode_tok_s(best[1]) / _decode_tok_s(llama)
-    detail = (f"{_decode_tok_s(best[1]):.1f} ({best[0]}) vs {_decode_tok_s(llama):.1f} tok/s; "
-              f"TTFT P50 {1000 * best[1].ttft_s.p50:.0f} vs {1000 * llama.ttft_s.p50:.0f} ms")  # fmt: skip
-    return _goal(name, target, r, lambda x: x >= 1, detail)
-
-
-GOALS = (_chunked, _paged, _continuous, _offline, _prefix, _http, _peer, _peer_batch1)
+GOALS = (_chunked, _paged, _continuous, _offline, _prefix, _http)
 
 
 def goals(runs: Runs, offline: dict[str, Any] | None) -> list[Goal]:
@@ -162,9 +129,8 @@ PLOTS = (  # file, runs, title
      "continuous vs static batching (staggered arrivals)"),
     ("serving-chunked-prefill.png", ("chunked_prefill/chunked", "chunked_prefill/unchunked"),
      "chunked vs whole prefill (long prompts arriving during decodes)"),
-    ("serving-saturation.png",
-     ("saturation/grpc", "saturation/http", "saturation/int8", "saturation/bf16", "saturation/llama"),
-     "16 concurrent streams: infer (gRPC, HTTP, int8, bf16), llama.cpp"),
+    ("serving-saturation.png", ("saturation/grpc", "saturation/http"),
+     "16 concurrent streams: infer over gRPC and HTTP"),
     ("serving-prefix-caching.png", ("prefix_caching/on", "prefix_caching/off"), "prefix caching on vs off"),
 )  # fmt: skip
 
@@ -186,8 +152,6 @@ CONFIGS = {
     "full": "`--kv-reserve full`: each request reserves max_model_len of KV blocks at admission",
     "unchunked": "`--no-enable-chunked-prefill --max-num-batched-tokens 2048`: each prompt prefilled whole",
     "no_prefix": "`--no-enable-prefix-caching`",
-    "int8": "`--quantization int8`: weight-only int8 linear layers (per-channel scales), the compiled CPU kernel",
-    "bf16": "`--dtype bfloat16`: bf16 weights and KV cache",
 }
 
 
@@ -196,8 +160,8 @@ def _intro(meta: dict[str, Any]) -> list[str]:
         "# Online serving",
         "",
         f"Measured by `{meta['command']}` on {meta['machine']} in {meta['wall_s'] / 60:.1f} min; model "
-        "SmolLM2-135M-Instruct (fp32 for infer unless a run says int8 or bf16; llama.cpp serves the Q4_1 GGUF it "
-        "was converted from). Every "
+        "SmolLM2-135M-Instruct (fp32 for infer unless a run says another precision; llama.cpp serves the Q4_1 GGUF "
+        "it was converted from). Every "
         "figure comes from this one run: each server is started on free 127.0.0.1 ports, driven by `infer bench`'s "
         "load generator over gRPC (or the OpenAI HTTP gateway where said), then stopped. Prompts are token ids from "
         "a seed (exact lengths), greedy, `ignore_eos`. The CPU is shared with other work: compare the ratios, "
@@ -211,8 +175,11 @@ def _configs(meta: dict[str, Any]) -> list[str]:
              f"blocks of 16 tokens), `--max-model-len {meta['max_model_len']}`, otherwise:", ""]  # fmt: skip
     lines += [f"- `{name}`: {text}" for name, text in CONFIGS.items()]
     peer = meta["llama"] or "not run"
-    lines += [f"- `llama`: llama.cpp `llama-server -np 16 -c 12288 -t 2` ({peer}), over its OpenAI "
-              "`/v1/completions` with token-id prompts, `cache_prompt: false`", ""]  # fmt: skip
+    lines += ["- the peer comparison above: its own KV size (llama-server's context), `--no-enable-prefix-caching` "
+              "and each precision (`--dtype bfloat16`, "
+              "`--quantization ...`), with speculation on and off; llama.cpp `llama-server -np 16 -t 2` "
+              f"({peer}) over its OpenAI `/v1/completions` with token-id prompts, `cache_prompt: false`",
+              ""]  # fmt: skip
     return lines
 
 
@@ -220,6 +187,8 @@ def markdown(result: dict[str, Any], meta: dict[str, Any], images: list[Path]) -
     runs: Runs = result["runs"]
     offline = result["offline"]
     lines = [*_intro(meta), "## Goals (ratios from this run)", "", *goals_table(goals(runs, offline)), ""]
+    if result.get("peers"):
+        lines += matrix_report.markdown(result["peers"], "over HTTP")
     lines += ["## Configurations", "", *_configs(meta), "## Every run", ""]
     lines += [f"SLOs for goodput: {slo_text(next(iter(runs.values()))[0].slo)}." if runs else "", ""]
     lines += [*markdown_table([r for group in runs.values() for r in group]), ""]
@@ -242,7 +211,11 @@ def write_report(result: dict[str, Any], meta: dict[str, Any], out_dir: Path) ->
         g.__dict__ | {"ratio": None if math.isnan(g.ratio) else g.ratio}
         for g in goals(result["runs"], result["offline"])
     ]
-    data = {"meta": meta, "goals": gs, "offline": result["offline"], "runs": runs, "notes": result["notes"]}
+    peers = result.get("peers")
+    if peers:
+        gs += matrix_report.goals(peers["rounds"], peers["precisions"], "over HTTP")
+    data = {"meta": meta, "goals": gs, "offline": result["offline"], "peers": peers, "runs": runs,
+            "notes": result["notes"]}  # fmt: skip
     json_path, md_path = out_dir / "serving.json", out_dir / "serving.md"
     json_path.write_text(json.dumps(data, indent=1) + "\n")
     md_path.write_text(markdown(result, meta, images))

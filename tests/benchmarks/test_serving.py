@@ -47,21 +47,6 @@ def test_goals_are_ratios_of_two_runs_and_unmeasured_when_a_side_is_missing() ->
     assert "| 0.25 | 1.00 vs 4.00 s | **yes** |" in table and "| +10.0% |" in table and "not measured" in table
 
 
-def test_the_peer_goals_take_infers_best_precision_over_the_same_front_door() -> None:
-    runs = {
-        "saturation/grpc": [_run("g", 0.5, e2e=1.0)],  # fastest, but gRPC: not compared with llama-server's HTTP
-        "saturation/http": [_run("h", 0.5, e2e=5.0)],
-        "saturation/int8": [_run("i", 0.5, e2e=2.5)],
-        "saturation/llama": [_run("l", 0.5, e2e=10.0)],
-        "baseline": [_run("b", 0.1, e2e=1.0)],  # TPOT 0.1 s: 10 tok/s
-        "baseline/bf16": [_run("b16", 0.1, e2e=0.55)],  # TPOT 0.05 s
-        "baseline/llama": [_run("bl", 0.1, e2e=0.325)],  # TPOT 0.025 s: 40 tok/s
-    }
-    peer, batch1 = serving_report.goals(runs, None)[-2:]
-    assert peer.ratio == pytest.approx(4.0) and peer.met is True and "(int8)" in peer.detail
-    assert batch1.ratio == pytest.approx(0.5) and batch1.met is False and "(bf16)" in batch1.detail
-
-
 def test_llama_server_is_given_the_default_models_gguf() -> None:
     import serving_servers
 
@@ -79,3 +64,23 @@ def test_a_short_run_writes_the_report(tmp_path: Path) -> None:
     report = (tmp_path / "serving.md").read_text()
     assert "| prefix-cache hit / cold TTFT (1,024 shared tokens) | ≤ 0.15 |" in report
     assert (tmp_path / "serving-prefix-caching.png").is_file()
+
+
+@pytest.mark.slow
+def test_a_short_peer_comparison_runs_every_system_and_writes_its_section(tmp_path: Path) -> None:
+    import serving_servers
+
+    args = ["--servers", "peers", "--rounds", "1", "--scale", "0.05", "--max-tokens", "4", "--precisions",
+            "fp32,int8", "--out-dir", str(tmp_path), "--no-progress"]  # fmt: skip
+    subprocess.run([sys.executable, str(BENCHMARKS / "serving.py"), *args], check=True)
+    peers = json.loads((tmp_path / "serving.json").read_text())["peers"]
+    expected = {"fp32", "int8"} | ({"llama"} if serving_servers.LLAMA_SERVER.exists() else set())
+    assert expected <= set(peers["systems"]) and not [n for n in peers["notes"] if "failed" in n]
+    (figures,) = peers["rounds"]
+    assert set(figures) == set(peers["systems"])  # every system ran, in one round
+    for system in figures.values():
+        assert set(system) == {"grounded/batch1", "grounded/c16", "random/batch1", "random/c16"}
+        assert all(f["output_tok_s"] > 0 for f in system.values())
+    report = (tmp_path / "serving.md").read_text()
+    assert "## infer against llama-server: every precision, two workloads" in report
+    assert "| best precision / llama-server, output tok/s, 16 concurrent (over HTTP) | ≥ 3.5× |" in report
