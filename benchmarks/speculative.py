@@ -18,6 +18,7 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +85,11 @@ def _workload(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> dic
             "tokens_hash": hash(tuple(r["tokens_hash"] for r in runs))}  # fmt: skip
 
 
-def measure(llm: LLM, workloads: dict[str, tuple[list[list[int]], SamplingParams]], k: int, rounds: int
-            ) -> dict[str, Any]:  # fmt: skip
+def measure(llm: LLM, workloads: dict[str, tuple[list[list[int]], SamplingParams]], k: int, rounds: int,
+            on_round: Callable[[dict[str, Any]], None]) -> dict[str, Any]:  # fmt: skip
+    """Rounds of every workload off then on; `on_round` gets the summary so far after each round."""
     rows: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in workloads}
+    summary: dict[str, Any] = {}
     for r in range(rounds):
         for name, (prompts, params) in workloads.items():
             off = _workload(llm, prompts, SamplingParams(**{**_fields(params), "speculative_tokens": 0}))
@@ -95,14 +98,17 @@ def measure(llm: LLM, workloads: dict[str, tuple[list[list[int]], SamplingParams
             rows[name].append({"off": off, "on": on})
             print(f"round {r + 1} {name}: off {off['tok_s']:.1f} tok/s, on {on['tok_s']:.1f} tok/s "
                   f"({on['tok_s'] / off['tok_s']:.2f}x), acceptance {on['acceptance']:.2f}", flush=True)  # fmt: skip
-    summary: dict[str, Any] = {}
-    for name, rounds_ in rows.items():
-        med = {mode: {key: statistics.median(x[mode][key] for x in rounds_)
-                      for key in ("tok_s", "decode_tok_s", "acceptance")} for mode in ("off", "on")}  # fmt: skip
-        ratios = [x["on"]["tok_s"] / x["off"]["tok_s"] for x in rounds_]
-        summary[name] = {**med, "ratio": statistics.median(ratios), "ratios": ratios,
-                         "tokens": rounds_[0]["on"]["tokens"], "num_prompts": len(workloads[name][0])}  # fmt: skip
+        summary = {name: _summary(rounds_, len(workloads[name][0])) for name, rounds_ in rows.items()}
+        on_round(summary)
     return summary
+
+
+def _summary(rounds: list[dict[str, dict[str, float]]], num_prompts: int) -> dict[str, Any]:
+    med = {mode: {key: statistics.median(x[mode][key] for x in rounds)
+                  for key in ("tok_s", "decode_tok_s", "acceptance")} for mode in ("off", "on")}  # fmt: skip
+    ratios = [x["on"]["tok_s"] / x["off"]["tok_s"] for x in rounds]
+    return {**med, "ratio": statistics.median(ratios), "ratios": ratios, "tokens": rounds[0]["on"]["tokens"],
+            "num_prompts": num_prompts, "rounds_done": len(rounds)}  # fmt: skip
 
 
 def _fields(params: SamplingParams) -> dict[str, Any]:
@@ -117,7 +123,7 @@ def write(result: dict[str, Any], out_dir: Path) -> None:
         "",
         f"`make bench-speculative` on {result['machine']}, {result['threads']} threads, the default model "
         f"({result['dtype']}, quantization {result['quantization']}), offline engine, one request at a time, "
-        f"greedy; up to {result['k']} drafts a step; medians of {result['rounds']} rounds (each round: every "
+        f"greedy; up to {result['k']} drafts a step; medians of {_rounds_done(result)} rounds (each round: every "
         "prompt off, then on). Output tok/s = output tokens / request time (prefill included); decode tok/s "
         "leaves the first token out. The greedy tokens were checked equal with and without speculation.",
         "",
@@ -138,6 +144,10 @@ def write(result: dict[str, Any], out_dir: Path) -> None:
     (out_dir / "speculative.md").write_text("\n".join(lines) + "\n")
 
 
+def _rounds_done(result: dict[str, Any]) -> int:
+    return min((s["rounds_done"] for s in result["workloads"].values()), default=0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -155,12 +165,11 @@ def main() -> None:
                    SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)),
     }  # fmt: skip
     llm.generate([grounded[0]], SamplingParams(max_tokens=8, temperature=0))  # warm-up
-    summary = measure(llm, workloads, args.k, args.rounds)
     result = {"machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
               "dtype": args.dtype, "quantization": args.quantization, "k": args.k, "rounds": args.rounds,
-              "kernels": llm.core.model_info.kernels, "workloads": summary}  # fmt: skip
+              "kernels": llm.core.model_info.kernels, "workloads": {}}  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    write(result, args.out_dir)
+    measure(llm, workloads, args.k, args.rounds, lambda summary: write({**result, "workloads": summary}, args.out_dir))
     print((args.out_dir / "speculative.md").read_text())
 
 
