@@ -27,7 +27,7 @@ from infer.engine.runner import SeqWork
 from infer.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
-from infer.engine.speculative import NgramDraft, SpecState, Speculator, num_accepted, rewind_generator
+from infer.engine.speculative import NgramDraft, SpecState, Speculator, accept_drafts
 from infer.engine.stats import EngineStats, StepCounters, StepRecord
 from infer.engine.stopping import banned_token_ids, finish_reason, is_stop_token
 from infer.engine.structured import GrammarCompiler
@@ -309,7 +309,7 @@ class EngineCore:
         states = {r.request_id: r.generator.get_state() for r, d in spans if d and r.generator is not None}
         try:
             out = self._sample_rows(logits, spans)
-            return self._accept(spans, out, states, logits.shape[-1])
+            return accept_drafts(spans, out, states, logits.shape[-1])
         except Exception:
             logger.exception("sampling failed; retrying its requests one by one")
         result: dict[str, list[tuple[int, TokenLogprob | None]]] = {}
@@ -320,7 +320,7 @@ class EngineCore:
             try:
                 if r.request_id in states and r.generator is not None:
                     r.generator.set_state(states[r.request_id])
-                result |= self._accept([(r, d)], self._sample_rows(rows, [(r, d)]), states, logits.shape[-1])
+                result |= accept_drafts([(r, d)], self._sample_rows(rows, [(r, d)]), states, logits.shape[-1])
             except Exception as e:
                 self.fail(r.request_id, e)
         return result
@@ -330,28 +330,6 @@ class EngineCore:
         rows = [self._sampling_row(r, d[:j]) for r, d in spans for j in range(len(d) + 1)]
         mask = self.structured.bitmask([r for r, d in spans for _ in range(len(d) + 1)])
         return self.sampler(logits[: len(rows)], rows, mask)
-
-    def _accept(
-        self,
-        spans: list[tuple[LiveRequest, tuple[int, ...]]],
-        out: SamplerOutput,
-        states: dict[str, torch.Tensor],
-        vocab_size: int,
-    ) -> dict[str, list[tuple[int, TokenLogprob | None]]]:
-        result: dict[str, list[tuple[int, TokenLogprob | None]]] = {}
-        first = 0
-        for r, d in spans:
-            ids, lps = out.token_ids[first : first + 1 + len(d)], out.logprobs[first : first + 1 + len(d)]
-            first += 1 + len(d)
-            m = num_accepted(d, ids)
-            if d and r.spec is not None:
-                r.num_draft_tokens, r.num_accepted_tokens = r.num_draft_tokens + len(d), r.num_accepted_tokens + m
-                r.spec.record(len(d), m)
-            state = states.get(r.request_id)
-            if state is not None and r.generator is not None:
-                rewind_generator(r.generator, state, m + 1, vocab_size)
-            result[r.request_id] = list(zip(ids[: m + 1], lps[: m + 1], strict=True))
-        return result
 
     def _sampling_row(self, r: LiveRequest, drafts: Sequence[int] = ()) -> SamplingRow:
         banned = banned_token_ids(r, self.eos_token_ids, r.num_output_tokens + len(drafts))

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from infer.engine.request import Request
+    from infer.engine.request import LiveRequest, Request, TokenLogprob
+    from infer.engine.sampler import SamplerOutput
 
 MAX_SPECULATIVE_TOKENS = 16  # drafts per request per step, at most
 LOW_ACCEPTANCE = 0.3  # below this (a moving average of accepted / drafted), drafting pauses
@@ -154,3 +155,28 @@ def rewind_generator(generator: torch.Generator, state: torch.Tensor, num_draws:
     noise = torch.empty(vocab_size, dtype=torch.float32, device=generator.device)
     for _ in range(num_draws):
         noise.exponential_(generator=generator)
+
+
+def accept_drafts(
+    spans: Sequence[tuple[LiveRequest, tuple[int, ...]]],
+    out: SamplerOutput,
+    states: dict[str, torch.Tensor],
+    vocab_size: int,
+) -> dict[str, list[tuple[int, TokenLogprob | None]]]:
+    """Each request's new tokens from its rows of `out` (1 + its drafts each, in order): the accepted drafts
+    and the token after them. Counts and adapts its drafting, and rewinds a seeded generator (`states`: its
+    state before sampling) to the draws of the tokens it keeps."""
+    result: dict[str, list[tuple[int, TokenLogprob | None]]] = {}
+    first = 0
+    for r, drafts in spans:
+        ids, logprobs = out.token_ids[first : first + 1 + len(drafts)], out.logprobs[first : first + 1 + len(drafts)]
+        first += 1 + len(drafts)
+        n = num_accepted(drafts, ids)
+        if drafts and r.spec is not None:
+            r.num_draft_tokens, r.num_accepted_tokens = r.num_draft_tokens + len(drafts), r.num_accepted_tokens + n
+            r.spec.record(len(drafts), n)
+        state = states.get(r.request_id)
+        if state is not None and r.generator is not None:
+            rewind_generator(r.generator, state, n + 1, vocab_size)
+        result[r.request_id] = list(zip(ids[: n + 1], logprobs[: n + 1], strict=True))
+    return result
