@@ -136,7 +136,7 @@ class Scheduler(Generic[R]):
             num_rejected = num_drafts - max(0, len(sampled.get(request_id, ())) - 1)
             before = request.num_computed_tokens
             request.num_computed_tokens += num_tokens - num_rejected
-            if num_rejected:
+            if num_rejected and self.config.kv_reserve == "paged":  # full: the reservation stays whole
                 self.blocks.truncate(request_id, request.num_computed_tokens)
             if request.num_computed_tokens // bs > before // bs:  # a block became full
                 self.blocks.cache_blocks(request_id, request.all_token_ids, request.num_computed_tokens)

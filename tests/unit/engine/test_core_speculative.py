@@ -67,8 +67,14 @@ def _prompts() -> list[list[int]]:
 @pytest.mark.parametrize("draft", list(DRAFTS))
 @pytest.mark.parametrize(
     "settings",
-    [{}, {"max_num_batched_tokens": 16}, {"batching": "static", "max_num_seqs": 4}, {"num_blocks": 16}],
-    ids=["continuous", "chunk16", "static", "preempting"],
+    [
+        {},
+        {"max_num_batched_tokens": 16},
+        {"batching": "static", "max_num_seqs": 4},
+        {"num_blocks": 16},
+        {"kv_reserve": "full", "max_model_len": 128},
+    ],
+    ids=["continuous", "chunk16", "static", "preempting", "full-reserve"],
 )
 def test_greedy_tokens_are_plain_greedy_whatever_the_drafts(draft: str, settings: dict[str, Any]) -> None:
     plain, spec, _ = _engines(draft, **settings)
