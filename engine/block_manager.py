@@ -109,6 +109,15 @@ class BlockManager:
         for _ in range(num_new):
             table.append(self._take_fresh())
 
+    def truncate(self, request_id: str, num_tokens: int) -> None:
+        """Free the table's blocks past those that cover num_tokens (rejected speculative tokens' KV)."""
+        table = self.tables[request_id]
+        keep = self._num_blocks_for(num_tokens)
+        if keep < len(self.hashes[request_id]):
+            raise BlockAccountingError(f"truncate of {request_id!r} into its full, hashed blocks")
+        while len(table) > keep:
+            self._release(table.pop())
+
     def free(self, request_id: str) -> None:
         table = self.tables.pop(request_id, None)
         if table is None:
@@ -116,12 +125,15 @@ class BlockManager:
         self.hashes.pop(request_id)
         # tail first, so a sequence's last blocks are evicted before its prefix
         for block_id in reversed(table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count < 0:
-                raise BlockAccountingError(f"block {block_id} freed more often than taken")
-            if block.ref_count == 0:
-                self.free_ids[block_id] = None
+            self._release(block_id)
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count < 0:
+            raise BlockAccountingError(f"block {block_id} freed more often than taken")
+        if block.ref_count == 0:
+            self.free_ids[block_id] = None
 
     def assert_no_leaks(self) -> None:
         held = [b.block_id for b in self.blocks if b.ref_count != 0]

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import torch
 
+from infer.engine.speculative import MAX_SPECULATIVE_TOKENS
 from infer.engine.validation import check
 
 DEFAULT_MAX_MODEL_LEN = 2048  # when the model allows as much
@@ -35,6 +36,8 @@ class EngineConfig:
     quantization: str = "none"  # none | int8 (weight-only, per-output-channel scales; CPU)
     device: str = "cpu"
     seed: int = 0
+    speculative_tokens: int = 0  # n-gram drafts per step for requests that do not say (0 = off)
+    speculative_max_num_seqs: int = 4  # no drafts while more requests than this are running
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes",
@@ -47,6 +50,9 @@ class EngineConfig:
         check("kv_reserve", self.kv_reserve in ("paged", "full"), "must be 'paged' or 'full'")
         check("dtype", self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}")
         check("quantization", self.quantization in QUANTIZATIONS, f"must be one of {', '.join(QUANTIZATIONS)}")
+        check("speculative_tokens", 0 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS,
+              f"must be in [0, {MAX_SPECULATIVE_TOKENS}]")  # fmt: skip
+        check("speculative_max_num_seqs", self.speculative_max_num_seqs >= 1, "must be >= 1")
         check("static_batch_wait_s", self.static_batch_wait_s >= 0, "must be >= 0")
         if not self.enable_chunked_prefill:
             check("max_num_batched_tokens", self.max_num_batched_tokens >= self.max_model_len,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -27,6 +27,7 @@ from infer.engine.runner import SeqWork
 from infer.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
+from infer.engine.speculative import NgramDraft, SpecState, Speculator, accept_drafts
 from infer.engine.stats import EngineStats, StepCounters, StepRecord
 from infer.engine.stopping import banned_token_ids, finish_reason, is_stop_token
 from infer.engine.structured import GrammarCompiler
@@ -84,6 +85,9 @@ class EngineCore:
         self.inbox: Inbox[LiveRequest] = Inbox(config.max_waiting_requests, self._snapshot())
         compiler = GrammarCompiler(tokenizer, model_info.vocab_size, model_info.eos_token_ids)
         self.structured = StructuredOutputs(compiler, config.max_num_seqs, self.inbox.wake)
+        self.speculator = Speculator(
+            NgramDraft(), config.speculative_tokens, config.speculative_max_num_seqs, config.max_model_len
+        )
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
@@ -174,6 +178,8 @@ class EngineCore:
         """One engine step; False when there was nothing to run."""
         self._take_inbox()
         has_compiled = self._take_compiled()
+        running = self.scheduler.running
+        self.speculator.draft(running, [r.spec for r in running])
         out = self.scheduler.schedule(time.monotonic())
         if not out.is_empty:
             self._run(out)
@@ -193,6 +199,8 @@ class EngineCore:
         new, aborts = self.inbox.take()
         for request in new:
             request.generator = self._generator(request.params)
+            max_drafts = self.speculator.max_drafts(request)
+            request.spec = SpecState(max_drafts, max_drafts) if max_drafts > 0 else None
             self.scheduler.add(request)  # a constrained one is scheduled once its grammar has compiled
             if not request.is_ready:
                 self.structured.compiling(request)
@@ -229,6 +237,8 @@ class EngineCore:
             num_preemptions_total=c.num_preemptions_total,
             num_prompt_tokens_total=c.num_prompt_tokens_total,
             num_generation_tokens_total=c.num_generation_tokens_total,
+            num_draft_tokens_total=c.num_draft_tokens_total,
+            num_accepted_tokens_total=c.num_accepted_tokens_total,
             num_cached_tokens_total=c.num_cached_tokens_total,
             tokens_per_s=c.throughput.tokens_per_s,
             queued_tokens=sched.num_tokens_to_compute,
@@ -243,14 +253,16 @@ class EngineCore:
         step = self._step_work(out)
         logits = self._forward(step.work)
         sampling = [rid for rid in step.sampling if rid in self.scheduler.requests]
-        sampled = self._sample(logits[: len(sampling)] if logits is not None else None, sampling)
-        self.scheduler.update(out, {rid: t for rid, (t, _) in sampled.items()})
+        sampled = self._sample(logits, sampling, out.draft_token_ids)
+        self.scheduler.update(out, {rid: [t for t, _ in tokens] for rid, tokens in sampled.items()})
         elapsed_s = time.monotonic() - started_s
-        self.counters.record(
-            StepRecord(out.total_tokens, step.num_prompt_tokens, len(sampled), len(out.preempted), elapsed_s)
-        )
-        for rid, (token_id, logprob) in sampled.items():
-            self._postprocess(self.scheduler.requests[rid], token_id, logprob)
+        num_drafts = sum(len(out.draft_token_ids.get(rid, ())) for rid in sampled)
+        num_tokens = sum(len(tokens) for tokens in sampled.values())
+        num_accepted_drafts = num_tokens - len(sampled)  # one token a request is not a draft
+        record = StepRecord(out.total_tokens, step.num_prompt_tokens, num_tokens, len(out.preempted), elapsed_s)
+        self.counters.record(replace(record, num_draft_tokens=num_drafts, num_accepted_tokens=num_accepted_drafts))
+        for rid, tokens in sampled.items():
+            self._postprocess(self.scheduler.requests[rid], tokens)
 
     def _step_work(self, out: SchedulerOutput) -> _StepWork:
         work: list[tuple[str, SeqWork]] = []
@@ -258,11 +270,12 @@ class EngineCore:
         num_prompt_tokens = 0
         for rid, n in out.num_scheduled_tokens.items():
             r = self.scheduler.requests[rid]
-            start = r.num_computed_tokens
-            needs_logits = start + n == r.num_tokens
+            start, drafts = r.num_computed_tokens, out.draft_token_ids.get(rid, ())
+            needs_logits = start + n - len(drafts) == r.num_tokens
             num_prompt_tokens += max(0, min(start + n, r.num_prompt_tokens) - start)
             table = self.block_manager.block_table(rid)
-            work.append((rid, SeqWork(r.token_slice(start, start + n), start, table, needs_logits)))
+            token_ids = r.token_slice(start, start + n - len(drafts)) + list(drafts)
+            work.append((rid, SeqWork(token_ids, start, table, needs_logits, 1 + len(drafts))))
             if needs_logits:
                 sampling.append(rid)
         return _StepWork(work, sampling, num_prompt_tokens)
@@ -284,52 +297,77 @@ class EngineCore:
                 rows.append(logits)
         return torch.cat(rows) if rows else None
 
-    def _sample(self, logits: torch.Tensor | None, rids: list[str]) -> dict[str, tuple[int, TokenLogprob | None]]:
+    def _sample(
+        self, logits: torch.Tensor | None, rids: list[str], drafts: dict[str, tuple[int, ...]]
+    ) -> dict[str, list[tuple[int, TokenLogprob | None]]]:
+        """Each request's new tokens: one, or its accepted drafts and one more (rows: 1 + its drafts each)."""
         if logits is None or not rids:
             return {}
-        rows = [self._sampling_row(self.scheduler.requests[rid]) for rid in rids]
+        requests = [self.scheduler.requests[rid] for rid in rids]
+        spans = [(r, drafts.get(r.request_id, ())) for r in requests]
+        # a seeded request with drafts: its generator is rewound to the draws of the tokens it keeps
+        states = {r.request_id: r.generator.get_state() for r, d in spans if d and r.generator is not None}
         try:
-            mask = self.structured.bitmask([self.scheduler.requests[rid] for rid in rids])
-            out: SamplerOutput = self.sampler(logits, rows, mask)
-            return {rid: (out.token_ids[i], out.logprobs[i]) for i, rid in enumerate(rids)}
+            out = self._sample_rows(logits, spans)
+            return accept_drafts(spans, out, states, logits.shape[-1])
         except Exception:
             logger.exception("sampling failed; retrying its requests one by one")
-        result: dict[str, tuple[int, TokenLogprob | None]] = {}
-        for i, rid in enumerate(rids):
+        result: dict[str, list[tuple[int, TokenLogprob | None]]] = {}
+        first = 0
+        for r, d in spans:
+            rows = logits[first : first + 1 + len(d)]
+            first += 1 + len(d)
             try:
-                one_mask = self.structured.bitmask([self.scheduler.requests[rid]])
-                one = self.sampler(logits[i : i + 1], rows[i : i + 1], one_mask)
-                result[rid] = (one.token_ids[0], one.logprobs[0])
+                if r.request_id in states and r.generator is not None:
+                    r.generator.set_state(states[r.request_id])
+                result |= accept_drafts([(r, d)], self._sample_rows(rows, [(r, d)]), states, logits.shape[-1])
             except Exception as e:
-                self.fail(rid, e)
+                self.fail(r.request_id, e)
         return result
 
-    def _sampling_row(self, r: LiveRequest) -> SamplingRow:
-        banned = banned_token_ids(r, self.eos_token_ids)
-        return SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids, r.generator, banned)
+    def _sample_rows(self, logits: torch.Tensor, spans: list[tuple[LiveRequest, tuple[int, ...]]]) -> SamplerOutput:
+        """Sample every row: position j of a request with drafts sees its first j drafts as output."""
+        rows = [self._sampling_row(r, d[:j]) for r, d in spans for j in range(len(d) + 1)]
+        mask = self.structured.bitmask([r for r, d in spans for _ in range(len(d) + 1)])
+        return self.sampler(logits[: len(rows)], rows, mask)
 
-    def _postprocess(self, r: LiveRequest, token_id: int, logprob: TokenLogprob | None) -> None:
+    def _sampling_row(self, r: LiveRequest, drafts: Sequence[int] = ()) -> SamplingRow:
+        banned = banned_token_ids(r, self.eos_token_ids, r.num_output_tokens + len(drafts))
+        output = r.output_token_ids + list(drafts) if drafts else r.output_token_ids
+        return SamplingRow(r.params, r.prompt_token_ids, output, r.generator, banned)
+
+    def _postprocess(self, r: LiveRequest, tokens: list[tuple[int, TokenLogprob | None]]) -> None:
         try:
-            self._emit_token(r, token_id, logprob)
+            self._emit_tokens(r, tokens)
         except Exception as e:
             self.fail(r.request_id, e)
 
-    def _emit_token(self, r: LiveRequest, token_id: int, logprob: TokenLogprob | None) -> None:
+    def _emit_tokens(self, r: LiveRequest, tokens: list[tuple[int, TokenLogprob | None]]) -> None:
+        """Stream a step's tokens as one delta; the first that ends the request ends it, and the rest are dropped."""
         if r.first_token_s is None:
             r.first_token_s = time.monotonic()
-        if r.grammar is not None and not r.grammar.accept(token_id):
-            raise RuntimeError(f"token {token_id} is outside the request's {r.grammar.constraint.kind} constraint")
-        logprobs = [logprob] if logprob is not None else None
-        # a stop token adds no text
-        text = "" if is_stop_token(token_id, r.params, self.eos_token_ids) else r.detokenizer.push([token_id])
-        hit_stop_string = r.detokenizer.stopped_on is not None
-        reason = finish_reason(r, token_id, hit_stop_string, self.eos_token_ids, self.config.max_model_len)
-        if reason is None and r.grammar is not None and r.grammar.is_terminated:
-            reason = FinishReason.STOP  # the constraint is complete
-        if reason is None:
-            r.sink(RequestOutput(r.request_id, [token_id], text, logprobs))
-        else:
-            self._finish(r, reason, [token_id], text, logprobs)
+        num_before = r.num_output_tokens - len(tokens)  # the scheduler has appended them
+        ids: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        text = ""
+        for i, (token_id, logprob) in enumerate(tokens):
+            if r.grammar is not None and not r.grammar.accept(token_id):
+                raise RuntimeError(f"token {token_id} is outside the request's {r.grammar.constraint.kind} constraint")
+            ids.append(token_id)
+            logprobs += [logprob] if logprob is not None else []
+            # a stop token adds no text
+            text += "" if is_stop_token(token_id, r.params, self.eos_token_ids) else r.detokenizer.push([token_id])
+            hit_stop_string = r.detokenizer.stopped_on is not None
+            reason = finish_reason(
+                r, token_id, hit_stop_string, self.eos_token_ids, self.config.max_model_len, num_before + i + 1
+            )
+            if reason is None and r.grammar is not None and r.grammar.is_terminated:
+                reason = FinishReason.STOP  # the constraint is complete
+            if reason is not None:
+                del r.output_token_ids[num_before + i + 1 :]  # NOTE: accepted drafts past a stop are not output
+                self._finish(r, reason, ids, text, logprobs or None)
+                return
+        r.sink(RequestOutput(r.request_id, ids, text, logprobs or None))
 
     def _finish(
         self,

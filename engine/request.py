@@ -13,6 +13,7 @@ from infer.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from infer.engine.speculative import SpecState
     from infer.engine.structured_state import GrammarState
 
 
@@ -43,6 +44,9 @@ class Request:
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     grammar: GrammarState | None = None  # set when params.constraint is: compiling, then its matcher
+    draft_token_ids: list[int] = field(default_factory=list)  # speculative tokens to verify next step
+    num_draft_tokens: int = 0  # drafts verified so far
+    num_accepted_tokens: int = 0  # of which accepted
 
     @property
     def is_ready(self) -> bool:
@@ -88,6 +92,8 @@ class Request:
             ttft_s=(self.first_token_s or now_s) - self.arrival_time_s,
             total_s=now_s - self.arrival_time_s,
             num_preemptions=self.num_preemptions,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
         )
 
 
@@ -101,6 +107,7 @@ class LiveRequest(Request):
     sink: Sink
     detokenizer: IncrementalDetokenizer
     generator: torch.Generator | None = None  # set on the stepping thread when the request is taken in
+    spec: SpecState | None = None  # its drafting, when it speculates (set when taken in)
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,13 @@ class Timings:
     ttft_s: float  # arrival to first token
     total_s: float
     num_preemptions: int
+    num_draft_tokens: int = 0  # speculative drafts verified
+    num_accepted_tokens: int = 0  # of which accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / verified drafts; 0 without drafts."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
 
 @dataclass(frozen=True)

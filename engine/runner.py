@@ -25,6 +25,7 @@ class SeqWork:
     start_pos: int  # tokens already in the KV cache (num_computed_tokens)
     block_table: Sequence[int]  # physical blocks, covering start_pos + len(token_ids)
     needs_logits: bool  # True when this step ends at the request's newest token
+    num_logits: int = 1  # with needs_logits: logits at this many last positions (1 + speculative drafts)
 
 
 def kv_cache_bytes_per_block(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -84,12 +85,15 @@ class ModelRunner:
             rope=self.model.rope_angles(positions_t),
             kv_caches=self.kv_caches,
         )
-        sample_rows = [starts[i + 1] - 1 for i, w in enumerate(work) if w.needs_logits]
+        # each request's last num_logits positions (1, or its newest token and its speculative drafts)
+        sample_rows = [end - j for w, end in zip(work, starts[1:], strict=True) if w.needs_logits
+                       for j in range(w.num_logits, 0, -1)]  # fmt: skip
         return step, torch.tensor(sample_rows, dtype=torch.int64, device=dev)
 
     @torch.inference_mode()
     def execute(self, work: Sequence[SeqWork]) -> torch.Tensor:  # [num_sampling, vocab] fp32
-        """Run one forward pass; logits for the requests whose `needs_logits` is set, in order."""
+        """Run one forward pass; logits for the requests whose `needs_logits` is set, in order (`num_logits`
+        rows each)."""
         step, sample_rows = self.prepare(work)
         hidden = self.model(step)  # [num_tokens, hidden]
         return self.model.compute_logits(hidden[sample_rows])

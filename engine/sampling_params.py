@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from infer.engine.speculative import MAX_SPECULATIVE_TOKENS
 from infer.engine.structured import Constraint
 from infer.engine.validation import check
 
@@ -32,6 +33,7 @@ class SamplingParams:
     logprobs: int | None = None  # None = off; n = the sampled token's logprob and the top n
     skip_special_tokens: bool = True
     constraint: Constraint | None = None  # the output must match it (JSON schema, regex, grammar, choice)
+    speculative_tokens: int | None = None  # n-gram drafts per step, at most; None = the engine's; 0 = off
 
     def __post_init__(self) -> None:
         # accept lists from callers; keep the dataclass hashable
@@ -52,6 +54,9 @@ class SamplingParams:
         check("stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "must be >= 0")
         check("seed", self.seed is None or 0 <= self.seed < 2**63, "must be in [0, 2**63)")
         check("constraint", self.constraint is None or isinstance(self.constraint, Constraint), "must be a Constraint")
+        spec = self.speculative_tokens
+        check("speculative_tokens", spec is None or 0 <= spec <= MAX_SPECULATIVE_TOKENS,
+              f"must be in [0, {MAX_SPECULATIVE_TOKENS}] (0 = off)")  # fmt: skip
         if 0.0 < self.temperature < MIN_TEMPERATURE:
             object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         if self.repetition_penalty < MIN_REPETITION_PENALTY:

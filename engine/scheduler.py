@@ -31,6 +31,7 @@ R = TypeVar("R", bound=Request)  # what the table holds: the core hangs its own 
 class SchedulerOutput:
     num_scheduled_tokens: dict[str, int]  # request id -> tokens this step, decodes first
     preempted: tuple[str, ...] = ()
+    draft_token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)  # drafts among those tokens
 
     @property
     def total_tokens(self) -> int:
@@ -46,6 +47,7 @@ class _Step:
     budget_tokens: int
     scheduled: dict[str, int] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
+    drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -112,26 +114,32 @@ class Scheduler(Generic[R]):
         self._schedule_running(step)
         if not step.preempted and self._may_admit(now_s):
             self._schedule_waiting(step, now_s)
-        out = SchedulerOutput(step.scheduled, tuple(step.preempted))
+        out = SchedulerOutput(step.scheduled, tuple(step.preempted), step.drafts)
         assert out.total_tokens <= self.config.max_num_batched_tokens
         assert len(out.num_scheduled_tokens) <= self.config.max_num_seqs
         assert all(n > 0 for n in out.num_scheduled_tokens.values())
         return out
 
-    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
-        """Advance computed tokens after a step, and append the sampled tokens."""
+    def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
+        """Advance computed tokens after a step and append the sampled tokens. A request that verified drafts
+        sampled its accepted drafts and one token more: the KV of the rejected ones is rolled back (its blocks
+        past the computed tokens freed)."""
         bs = self.blocks.block_size
+        for request_id, token_ids in sampled.items():
+            if request_id in self.requests:
+                self.requests[request_id].output_token_ids.extend(token_ids)
         for request_id, num_tokens in output.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
+            num_drafts = len(output.draft_token_ids.get(request_id, ()))
+            num_rejected = num_drafts - max(0, len(sampled.get(request_id, ())) - 1)
             before = request.num_computed_tokens
-            request.num_computed_tokens += num_tokens
+            request.num_computed_tokens += num_tokens - num_rejected
+            if num_rejected and self.config.kv_reserve == "paged":  # full: the reservation stays whole
+                self.blocks.truncate(request_id, request.num_computed_tokens)
             if request.num_computed_tokens // bs > before // bs:  # a block became full
                 self.blocks.cache_blocks(request_id, request.all_token_ids, request.num_computed_tokens)
-        for request_id, token_id in sampled.items():
-            if request_id in self.requests:
-                self.requests[request_id].output_token_ids.append(token_id)
 
     # running requests
     def _schedule_running(self, step: _Step) -> None:
@@ -146,7 +154,12 @@ class Scheduler(Generic[R]):
                 self._schedule_one(request, step)
 
     def _schedule_one(self, request: R, step: _Step) -> None:
-        num_tokens = min(request.num_tokens_to_compute, step.budget_tokens)
+        # a decode with drafts: its newest token and the drafts, as far as budget and free blocks allow
+        drafts = request.draft_token_ids if request.num_tokens_to_compute == 1 else []
+        num_tokens = min(request.num_tokens_to_compute + len(drafts), step.budget_tokens)
+        num_drafts = num_tokens - request.num_tokens_to_compute if drafts else 0
+        if num_drafts and not self.blocks.can_append(request.request_id, request.num_computed_tokens + num_tokens):
+            num_tokens, num_drafts = num_tokens - num_drafts, 0  # drafts never preempt anyone
         while not self.blocks.can_append(request.request_id, request.num_computed_tokens + num_tokens):
             victim = self.requests[next(reversed(self._running))]
             self._preempt(victim, step)
@@ -155,11 +168,14 @@ class Scheduler(Generic[R]):
         self.blocks.append(request.request_id, request.num_computed_tokens + num_tokens)
         step.scheduled[request.request_id] = num_tokens
         step.budget_tokens -= num_tokens
+        if num_drafts:
+            step.drafts[request.request_id] = tuple(drafts[:num_drafts])
 
     def _preempt(self, request: R, step: _Step) -> None:
         # free everything; the request recomputes prompt + output later, first in line
         rid = request.request_id
         step.budget_tokens += step.scheduled.pop(rid, 0)
+        step.drafts.pop(rid, None)
         del self._running[rid]
         self.blocks.free(rid)
         request.status, request.num_computed_tokens = RequestStatus.WAITING, 0

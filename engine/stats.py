@@ -22,6 +22,13 @@ class EngineStats:
     num_queued: int = 0  # of the waiting requests, those never scheduled (what max_waiting_requests bounds)
     prefill_tokens_per_s: float = 0.0  # recent prompt throughput of steps busy with prefill (0 until one ran)
     num_steps: int = 0  # forward passes so far
+    num_draft_tokens_total: int = 0  # speculative drafts verified
+    num_accepted_tokens_total: int = 0  # of which accepted
+
+    @property
+    def draft_acceptance_rate(self) -> float:
+        """Accepted / verified drafts so far; 0 before any."""
+        return self.num_accepted_tokens_total / self.num_draft_tokens_total if self.num_draft_tokens_total else 0.0
 
     def predict_ttft_s(self, num_prompt_tokens: int) -> float:
         """Seconds until a new request's first token: the queued tokens and its own, at the prefill rate once
@@ -53,6 +60,8 @@ class StepRecord:
     num_sampled: int
     num_preempted: int
     elapsed_s: float
+    num_draft_tokens: int = 0  # speculative drafts verified
+    num_accepted_tokens: int = 0  # of which accepted
 
 
 class StepCounters:
@@ -64,6 +73,7 @@ class StepCounters:
         self.min_prefill_tokens = max_num_batched_tokens // 4  # a step "busy with prefill" computes this many
         self.num_steps = self.num_preemptions_total = 0
         self.num_prompt_tokens_total = self.num_generation_tokens_total = self.num_cached_tokens_total = 0
+        self.num_draft_tokens_total = self.num_accepted_tokens_total = 0
 
     def record(self, step: StepRecord) -> None:
         self.num_steps += 1
@@ -73,3 +83,5 @@ class StepCounters:
         self.num_prompt_tokens_total += step.num_prompt_tokens
         self.num_generation_tokens_total += step.num_sampled
         self.num_preemptions_total += step.num_preempted
+        self.num_draft_tokens_total += step.num_draft_tokens
+        self.num_accepted_tokens_total += step.num_accepted_tokens

@@ -220,7 +220,9 @@ def generate_response(
     if out.timings is not None:
         t = out.timings
         response.timings.CopyFrom(pb.Timings(queue_s=t.queue_s, ttft_s=t.ttft_s, total_s=t.total_s,
-                                             num_preemptions=t.num_preemptions))  # fmt: skip
+                                             num_preemptions=t.num_preemptions, num_draft_tokens=t.num_draft_tokens,
+                                             num_accepted_tokens=t.num_accepted_tokens,
+                                             acceptance_rate=t.acceptance_rate))  # fmt: skip
     return response
 
 

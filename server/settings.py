@@ -225,6 +225,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("quantization", str, "weight-only int8 linear layers (CPU), or none", choices=QUANTIZATIONS),
     Setting("device", str, "torch device (cpu, cuda, cuda:1, ...)"),
     Setting("seed", int, "engine seed for unseeded sampling"),
+    Setting(
+        "speculative_tokens",
+        int,
+        "n-gram speculative decoding: draft tokens per step for requests that do not set their own (0 = off)",
+    ),
+    Setting("speculative_max_num_seqs", int, "speculative decoding pauses while more requests than this run"),
 )
 
 

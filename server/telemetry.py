@@ -126,6 +126,10 @@ class Telemetry:
         }
         for name, (unit, description, attr) in gauges.items():
             meter.create_observable_gauge(name, [self._observe(attr)], unit, description)
+        meter.create_observable_gauge(
+            "infer.spec_decode.acceptance_ratio", [self._observe("draft_acceptance_rate")], "1",
+            "accepted / verified speculative draft tokens since start",
+        )  # fmt: skip
         # NOTE: the protocol's KVCacheUtilization, 0 to 1 (free blocks that still cache a prefix count as free)
         meter.create_observable_gauge(
             "infer.kv_cache.usage_ratio", [self._observe_kv_usage], "1", "fraction of the KV-cache blocks in use"
@@ -135,6 +139,8 @@ class Telemetry:
             "infer.generation_tokens": ("{token}", "tokens generated", "num_generation_tokens_total"),
             "infer.prefix_cache_hit_tokens": ("{token}", "prefix-cache hits", "num_cached_tokens_total"),
             "infer.preemptions": ("{preemption}", "requests preempted for KV blocks", "num_preemptions_total"),
+            "infer.spec_decode.draft_tokens": ("{token}", "speculative drafts verified", "num_draft_tokens_total"),
+            "infer.spec_decode.accepted_tokens": ("{token}", "speculative drafts kept", "num_accepted_tokens_total"),
         }
         for name, (unit, description, attr) in counters.items():
             meter.create_observable_counter(name, [self._observe(attr)], unit, description)

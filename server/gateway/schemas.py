@@ -112,6 +112,7 @@ class Sampling(Guided):
     ignore_eos: bool = False
     stop_token_ids: list[Int32] | None = None
     skip_special_tokens: bool | None = None
+    speculative_tokens: Int32 | None = None  # n-gram speculative decoding: drafts per step (0 = off)
 
     @model_validator(mode="after")
     def _check_common(self) -> Sampling:

@@ -24,7 +24,7 @@ VALID = {
     "max_tokens": st.integers(1, 8), "top_k": st.integers(0, 50), "min_tokens": st.integers(0, 4),
     "logprobs": st.integers(0, 20), "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1),
     "min_p": st.floats(0, 1), "repetition_penalty": st.floats(0.5, 2), "presence_penalty": st.floats(-2, 2),
-    "frequency_penalty": st.floats(-2, 2), "seed": st.integers(0, 2**63 - 1),
+    "frequency_penalty": st.floats(-2, 2), "seed": st.integers(0, 2**63 - 1), "speculative_tokens": st.integers(0, 16),
 }  # fmt: skip
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 HOSTILE = {name: INT64 if name == "seed" else FLOATS if name in _FLOAT_FIELDS else INT32 for name in VALID}
@@ -78,7 +78,8 @@ JSON = st.recursive(
 )
 SAMPLING_FIELDS = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "seed", "min_tokens", "ignore_eos", "skip_special_tokens", "n", "stop",
-                   "stop_token_ids", "stream", "stream_options", "logit_bias", "user", "max_tokens"]  # fmt: skip
+                   "stop_token_ids", "stream", "stream_options", "logit_bias", "user", "max_tokens",
+                   "speculative_tokens"]  # fmt: skip
 
 
 @st.composite

@@ -64,7 +64,9 @@ class FakeRunner:
         self.gate.wait()
         time.sleep(self.step_s + self.token_s * sum(len(w.token_ids) for w in work))
         ids = torch.arange(self.vocab_size, dtype=torch.float32)
-        peaks = [self.token_at(w.start_pos + len(w.token_ids)) for w in work if w.needs_logits]
+        ends = [w.start_pos + len(w.token_ids) for w in work if w.needs_logits for _ in range(w.num_logits)]
+        offsets = [j for w in work if w.needs_logits for j in range(w.num_logits - 1, -1, -1)]
+        peaks = [self.token_at(end - off) for end, off in zip(ends, offsets, strict=True)]
         rows = [self.logit_offset - (ids - peak).abs() * 0.5 for peak in peaks]
         return torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
 

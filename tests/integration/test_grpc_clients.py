@@ -75,6 +75,24 @@ def test_infer_client_generate_streams_to_the_terminal(grpc_server: ServerThread
     assert result.stdout == expected + "\n"
 
 
+def test_speculative_decoding_gives_the_same_text_and_reports_its_drafts(
+    grpc_server: ServerThread, client: InferClient
+) -> None:
+    prompt = [{"role": "user", "content": "Repeat exactly: the keeper climbed the hundred and twelve steps."}]
+    plain = client.complete(prompt, Sampling(max_tokens=24, temperature=0.0, speculative_tokens=0))
+    chunks = list(client.generate(prompt, Sampling(max_tokens=24, temperature=0.0, speculative_tokens=4)))
+    assert "".join(c.text for c in chunks) == plain.text
+    timings = chunks[-1].timings
+    assert timings is not None and timings.num_draft_tokens > 0 and timings.num_accepted_tokens > 0
+    assert timings.acceptance_rate == timings.num_accepted_tokens / timings.num_draft_tokens
+    assert any(len(c.token_ids) > 1 for c in chunks)  # a step that kept drafts streams several tokens
+    cmd = [sys.executable, "-m", "infer", "client", "--address", grpc_server.address, "generate", "--chat", "--usage"]
+    cmd += [prompt[0]["content"], "--max-tokens", "24", "--speculative-tokens", "4"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == plain.text + "\n" and "drafts accepted" in result.stderr
+
+
 def _grpcurl() -> str:
     found = shutil.which("grpcurl") or shutil.which("grpcurl", path=str(Path(sys.executable).parent))
     if found is None:

@@ -90,3 +90,22 @@ def test_different_prefix_misses() -> None:
     assert bm.find_cached_prefix([1, 2, 9, 9, 9]) == bm.block_table("a")[:1]
     assert bm.find_cached_prefix([9, 2, 3, 4, 5]) == []
     bm.free("a")
+
+
+def test_truncate_frees_the_blocks_past_the_tokens_kept() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4)
+    bm.allocate("a", [], 13)  # 4 blocks
+    bm.truncate("a", 6)
+    assert len(bm.block_table("a")) == 2 and bm.num_free_blocks == 6
+    bm.truncate("a", 8)  # nothing past 8 tokens: a no-op
+    assert len(bm.block_table("a")) == 2
+    bm.free("a")
+    bm.assert_no_leaks()
+
+
+def test_truncate_never_drops_cached_full_blocks() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4)
+    bm.allocate("a", [], 9)
+    bm.cache_blocks("a", list(range(9)), 8)  # two full blocks hashed
+    with pytest.raises(BlockAccountingError, match="truncate"):
+        bm.truncate("a", 4)

@@ -30,7 +30,7 @@ def step(s: Scheduler, now: float = 0.0) -> SchedulerOutput:
         for rid, n in out.num_scheduled_tokens.items()
         if s.requests[rid].num_computed_tokens + n == s.requests[rid].num_tokens
     ]
-    s.update(out, dict.fromkeys(caught_up, 7))
+    s.update(out, {rid: [7] for rid in caught_up})
     return out
 
 
@@ -171,3 +171,48 @@ def test_one_table_holds_every_request_and_the_queues_are_views_of_it() -> None:
     s.finish("a")
     assert not s.has_work and s.running == [] and s.num_tokens_to_compute == 0
     s.blocks.assert_no_leaks()
+
+
+def _decoding(s: Scheduler, rid: str, prompt_len: int, max_tokens: int = 20) -> Request:
+    """A request past its prefill: one token left to compute."""
+    r = add(s, rid, prompt_len, max_tokens=max_tokens)
+    while r.num_tokens_to_compute != 1 or r.num_output_tokens == 0:
+        step(s)
+    return r
+
+
+def test_drafts_ride_with_a_decode_and_rejected_ones_are_rolled_back() -> None:
+    s = make(max_num_batched_tokens=16)
+    r = _decoding(s, "a", 6)  # 6 prompt + 1 output tokens, 6 computed: blocks of 4 cover 8
+    r.draft_token_ids = [11, 12, 13, 14]
+    out = s.schedule(0.0)
+    assert out.num_scheduled_tokens == {"a": 5} and out.draft_token_ids == {"a": (11, 12, 13, 14)}
+    assert len(s.blocks.block_table("a")) == 3  # 6 + 5 = 11 tokens
+    s.update(out, {"a": [11, 42]})  # one draft accepted, then a correction
+    assert r.output_token_ids[-2:] == [11, 42] and r.num_computed_tokens == 8  # the newest token and the draft
+    assert len(s.blocks.block_table("a")) == 2  # the block only rejected drafts reached is free again
+    assert s.blocks.num_used_blocks == 2
+
+
+def test_drafts_are_cut_to_the_budget_and_never_preempt() -> None:
+    s = make(num_blocks=4, max_num_batched_tokens=16)
+    r, _ = add(s, "a", 6), add(s, "b", 6)
+    step(s)  # both prefilled: 2 blocks each, the pool is full
+    r.draft_token_ids = [11, 12, 13]
+    out = s.schedule(0.0)
+    assert out.num_scheduled_tokens["a"] == 1 and "a" not in out.draft_token_ids  # a new block would preempt b
+    assert not out.preempted
+    s.update(out, {rid: [7] for rid in out.num_scheduled_tokens})
+    small = make(max_num_batched_tokens=3)
+    r = _decoding(small, "a", 2)
+    r.draft_token_ids = [11, 12, 13, 14]
+    out = small.schedule(0.0)
+    assert out.num_scheduled_tokens == {"a": 3} and out.draft_token_ids == {"a": (11, 12)}
+
+
+def test_prefill_chunks_take_no_drafts() -> None:
+    s = make(max_num_batched_tokens=4)
+    r = add(s, "a", 10)
+    r.draft_token_ids = [11, 12]
+    out = s.schedule(0.0)
+    assert out.num_scheduled_tokens == {"a": 4} and not out.draft_token_ids

@@ -52,7 +52,7 @@ def test_every_sampling_field_is_carried() -> None:
     values: dict[str, Any] = {
         "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2,
         "presence_penalty": 0.5, "frequency_penalty": -0.5, "seed": 123, "stop": ["\n"], "stop_token_ids": [2],
-        "min_tokens": 1, "ignore_eos": True, "logprobs": 0, "skip_special_tokens": False,
+        "min_tokens": 1, "ignore_eos": True, "logprobs": 0, "skip_special_tokens": False, "speculative_tokens": 3,
     }  # fmt: skip
     params = convert.sampling_params(pb.SamplingParams(**values))
     assert params == SamplingParams(**values)
@@ -91,6 +91,8 @@ def test_a_malformed_constraint_names_the_proto_field(proto: pb.SamplingParams, 
 def test_sampling_errors_name_the_proto_field() -> None:
     with pytest.raises(ValueError, match=r"^sampling\.top_k: "):
         convert.sampling_params(pb.SamplingParams(top_k=-1))
+    with pytest.raises(ValueError, match=r"^sampling\.speculative_tokens: must be in \[0, 16\]"):
+        convert.sampling_params(pb.SamplingParams(speculative_tokens=17))
 
 
 def test_prompt_from_text_ids_or_messages() -> None:
@@ -117,6 +119,10 @@ def test_deltas_carry_tokens_and_only_the_last_carries_usage() -> None:
     assert final.finish_reason == pb.FINISH_REASON_LENGTH and not final.logprobs
     assert (final.usage.prompt_tokens, final.usage.completion_tokens, final.usage.cached_tokens) == (3, 2, 0)
     assert final.timings.total_s == pytest.approx(0.3) and final.timings.num_preemptions == 1
+    assert final.timings.num_draft_tokens == final.timings.num_accepted_tokens == 0  # no drafts
+    spec = RequestOutput("r", [105], "i", None, FinishReason.STOP, Usage(3, 9, 0), Timings(0.1, 0.2, 0.3, 0, 12, 9))
+    t = convert.generate_response(spec, TOKENIZER).timings
+    assert (t.num_draft_tokens, t.num_accepted_tokens, t.acceptance_rate) == (12, 9, pytest.approx(0.75))
 
 
 def test_tokenize_text_and_chat() -> None:

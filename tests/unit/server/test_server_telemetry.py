@@ -17,7 +17,7 @@ from infer.server.telemetry import PROTOCOL_GAUGES, Telemetry
 STATS = EngineStats(
     num_waiting=2, num_running=3, num_blocks_used=10, num_blocks_free=90, num_preemptions_total=4,
     num_prompt_tokens_total=100, num_generation_tokens_total=50, num_cached_tokens_total=16,
-    tokens_per_s=10.0, queued_tokens=7,
+    tokens_per_s=10.0, queued_tokens=7, num_draft_tokens_total=40, num_accepted_tokens_total=30,
 )  # fmt: skip
 
 
@@ -83,7 +83,8 @@ def test_engine_gauges_and_counters_are_exported(telemetry: Telemetry) -> None:
         "infer_requests_waiting 2.0", "infer_requests_running 3.0", "infer_kv_blocks_used 10.0",
         "infer_kv_blocks_free 90.0", "infer_preemptions_total 4.0", "infer_prompt_tokens_total 100.0",
         "infer_generation_tokens_total 50.0", "infer_prefix_cache_hit_tokens_total 16.0",
-        "infer_kv_cache_usage_ratio 0.1",
+        "infer_kv_cache_usage_ratio 0.1", "infer_spec_decode_draft_tokens_total 40.0",
+        "infer_spec_decode_accepted_tokens_total 30.0", "infer_spec_decode_acceptance_ratio 0.75",
     ):  # fmt: skip
         assert line in text, line
 
