@@ -19,6 +19,8 @@ SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
 FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",
                   pb.FINISH_REASON_TOOL_CALLS: "tool_calls"}  # fmt: skip
 REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")  # a request id: 1 to 128 visible ASCII characters
+# INVALID_ARGUMENT's trailing metadata: the request field at fault (`sampling.max_tokens`, `messages[1].role`)
+INVALID_FIELD_KEY = "infer-invalid-field"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer" = OpenAI's newer name for system
 # the sampling message's `constraint` oneof: json_schema, regex, grammar, choice, json_object
 CONSTRAINT_FIELDS: tuple[str, ...] = tuple(

@@ -19,7 +19,8 @@ def finish_reason(
     """Why `request` ends now that `token_id` is its newest output token, or None if it goes on."""
     if is_stop_token(token_id, request.params, eos_token_ids) or hit_stop_string:
         return FinishReason.STOP
-    if request.num_output_tokens >= request.params.max_tokens or request.num_tokens >= max_model_len:
+    max_tokens = request.params.max_tokens  # None: up to max_model_len
+    if (max_tokens is not None and request.num_output_tokens >= max_tokens) or request.num_tokens >= max_model_len:
         return FinishReason.LENGTH
     return None
 
