@@ -56,17 +56,6 @@ class Upstream:
             self._model_info = info
         return self._model_info
 
-    async def num_prompt_tokens(
-        self, messages: pb.ChatMessages, metadata: Metadata = (), tools: Sequence[pb.Tool] = ()
-    ) -> int:
-        """Tokens of the chat messages (and tools) once rendered with the model's chat template."""
-        request = pb.TokenizeRequest(messages=messages, tools=tools)
-        try:
-            response = await self._inference().Tokenize(request, timeout=self._unary_timeout_s(), metadata=metadata)
-        except grpc.aio.AioRpcError as e:
-            raise from_grpc(e) from None
-        return len(response.token_ids)
-
     def generate(self, request: pb.GenerateRequest, metadata: Metadata = ()) -> GenerateCall:
         """Start a Generate stream; its errors surface while reading it."""
         return self._inference().Generate(request, timeout=self.timeout_s, metadata=metadata)
