@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -61,14 +60,6 @@ class _StepWork:
     num_prompt_tokens: int  # prompt tokens computed this step
 
 
-def resolve_model_dir(model: str | None) -> Path:
-    if model is not None:
-        return Path(model).expanduser()
-    from infer.engine.default_model import default_model_dir
-
-    return default_model_dir()
-
-
 class EngineCore:
     def __init__(self, config: EngineConfig, runner: Runner, tokenizer: Tokenizer, model_info: ModelInfo) -> None:
         """An engine over its parts: tests pass a fake runner; `from_config` loads the real ones."""
@@ -90,25 +81,9 @@ class EngineCore:
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
         """Load the model directory `config.model` names (the default model when None)."""
-        from infer.engine.loader import load_model
-        from infer.engine.runner import ModelRunner, kv_cache_bytes_per_block
+        from infer.engine.loader import load_engine
 
-        model_dir = resolve_model_dir(config.model)
-        model = load_model(model_dir, config)
-        model_config = model.cfg
-        config = config.for_model(model_config.max_position_embeddings)
-        tokenizer = Tokenizer.from_dir(model_dir, model_config.eos_token_ids)
-        block_bytes = kv_cache_bytes_per_block(model, config.block_size, config.torch_dtype)
-        num_blocks = config.num_blocks or config.kv_cache_memory_bytes // block_bytes
-        info = ModelInfo(
-            model_id=model_dir.name,
-            model_dir=str(model_dir),
-            vocab_size=model_config.vocab_size,
-            eos_token_ids=tuple(sorted(tokenizer.eos_token_ids)),  # config.json's among them
-            has_chat_template=tokenizer.chat_template is not None,
-            kernels=model.kernels.name,
-        )
-        return cls(config, ModelRunner(model, num_blocks, config.block_size), tokenizer, info)
+        return cls(*load_engine(config))
 
     # intake (any thread)
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, sink: Sink) -> None:
