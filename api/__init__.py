@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_ADDRESS",
     "DEFAULT_GRPC_PORT",
     "FINISH_REASONS",
+    "INVALID_FIELD_KEY",
     "MAX_REQUEST_ID_CHARS",
     "OPTIONAL_SAMPLING_FIELDS",
     "REQUEST_ID",
@@ -56,6 +57,10 @@ OPTIONAL_SAMPLING_FIELDS: tuple[str, ...] = tuple(
     for f in pb.SamplingParams.DESCRIPTOR.fields
     if f.has_presence and f.message_type is None and f.name not in CONSTRAINT_FIELDS
 )
+
+# errors: INVALID_ARGUMENT's trailing metadata names the request field at fault (`sampling.max_tokens`,
+# `messages[1].role`), apart from the message
+INVALID_FIELD_KEY = "infer-invalid-field"
 
 # responses: proto -> OpenAI's words
 FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",

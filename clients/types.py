@@ -8,22 +8,31 @@ from typing import Any
 
 import grpc
 
-from infer.api import CONSTRAINT_FIELDS, FINISH_REASONS, pb
+from infer.api import CONSTRAINT_FIELDS, FINISH_REASONS, INVALID_FIELD_KEY, pb
 
 # text, token ids, or chat messages ({"role": ..., "content": ...})
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
 
 
 class InferError(Exception):
-    """A failed RPC: `code` is the gRPC status code, `details` the server's message."""
+    """A failed RPC: `code` is the gRPC status code, `details` the server's message, `field` the request field
+    at fault that an INVALID_ARGUMENT names in its trailing metadata (`sampling.max_tokens`), if any."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, field: str | None = None) -> None:
         super().__init__(f"{code.name}: {details}")
-        self.code, self.details = code, details
+        self.code, self.details, self.field = code, details, field
 
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError) -> InferError:
-        return cls(error.code(), error.details() or "")
+        return cls(error.code(), error.details() or "", _invalid_field(error))
+
+
+def _invalid_field(error: grpc.RpcError) -> str | None:
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() if trailing is not None else None) or ():
+        if key == INVALID_FIELD_KEY and isinstance(value, str):
+            return str(value)
+    return None
 
 
 @dataclass(frozen=True)

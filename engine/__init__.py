@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from infer.engine.config import DTYPES, QUANTIZATIONS, EngineConfig
     from infer.engine.default_model import default_model_dir
     from infer.engine.inbox import QueueFullError
+    from infer.engine.input_processor import InputLimits, InputProcessor, ProcessedInput, Prompt
     from infer.engine.interface import EngineClient, ModelInfo
     from infer.engine.llm import LLM
     from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from infer.engine.structured_tool_parsers import ToolCallDelta, ToolCallParser
     from infer.engine.structured_tools import Tool, ToolChoice, ToolChoiceMode, ToolUse
     from infer.engine.tokenizer import Tokenizer
-    from infer.engine.validation import check
+    from infer.engine.validation import InvalidInput, check
 
 _EXPORTS = {
     "AsyncEngine": "async_engine",
@@ -34,8 +35,13 @@ _EXPORTS = {
     "EngineConfig": "config",
     "EngineStats": "stats",
     "FinishReason": "request",
+    "InputLimits": "input_processor",
+    "InputProcessor": "input_processor",
+    "InvalidInput": "validation",
     "LLM": "llm",
     "ModelInfo": "interface",
+    "ProcessedInput": "input_processor",
+    "Prompt": "input_processor",
     "QUANTIZATIONS": "config",
     "QueueFullError": "inbox",
     "RequestOutput": "request",
@@ -64,7 +70,12 @@ __all__ = [
     "EngineConfig",
     "EngineStats",
     "FinishReason",
+    "InputLimits",
+    "InputProcessor",
+    "InvalidInput",
     "ModelInfo",
+    "ProcessedInput",
+    "Prompt",
     "QueueFullError",
     "RequestOutput",
     "RequestStream",

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore
+from infer.engine.input_processor import InputLimits, ProcessedInput, Prompt
 from infer.engine.interface import ModelInfo
 from infer.engine.request import FinishReason, RequestOutput
 from infer.engine.sampling_params import SamplingParams
@@ -77,8 +78,11 @@ class AsyncEngine:
     def tokenizer(self) -> Tokenizer:
         return self.core.tokenizer
 
-    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        self.core.validate(prompt_token_ids, params)
+    def process(self, prompt: Prompt, params: SamplingParams, limits: InputLimits | None = None) -> ProcessedInput:
+        return self.core.processor.process(prompt, params, limits)
+
+    def tokenize(self, prompt: Prompt, limits: InputLimits | None = None) -> ProcessedInput:
+        return self.core.processor.tokenize(prompt, limits)
 
     def predict_ttft_s(self, num_prompt_tokens: int) -> float:
         return self.core.predict_ttft_s(num_prompt_tokens)
@@ -119,11 +123,6 @@ class AsyncEngine:
             if not did_work:
                 core.wait_for_work()
 
-    def encode(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.core.tokenizer.encode(prompt)
-        return list(prompt)
-
     def generate(
         self,
         prompt: str | Sequence[int],
@@ -133,6 +132,11 @@ class AsyncEngine:
         """Enqueue the request and stream its deltas; ValueError for bad input, QueueFullError when the queue is
         full (both at once, from this call). Closing or dropping the stream early aborts the request (see
         `RequestStream`): use `async with engine.generate(...) as stream`."""
+        as_prompt = Prompt(text=prompt) if isinstance(prompt, str) else Prompt(token_ids=prompt)
+        return self.submit(self.process(as_prompt, params), request_id)
+
+    def submit(self, processed: ProcessedInput, request_id: str | None = None) -> RequestStream:
+        """`generate` for a request `process` has checked: it is not checked again."""
         request_id = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[RequestOutput] = asyncio.Queue()
@@ -141,7 +145,7 @@ class AsyncEngine:
             with contextlib.suppress(RuntimeError):  # a closed loop: its caller is gone
                 loop.call_soon_threadsafe(deltas.put_nowait, out)
 
-        self.core.add_request(request_id, self.encode(prompt), params, sink)
+        self.core.submit(request_id, processed, sink)
         return RequestStream(request_id, deltas, self.core.abort)
 
     def abort(self, request_id: str) -> None:

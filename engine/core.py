@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -21,6 +20,7 @@ from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.inbox import Inbox, QueueFullError
+from infer.engine.input_processor import InputProcessor, ProcessedInput, Prompt
 from infer.engine.interface import ModelInfo
 from infer.engine.request import FinishReason, LiveRequest, RequestOutput, Sink, TokenLogprob
 from infer.engine.runner import SeqWork
@@ -61,14 +61,6 @@ class _StepWork:
     num_prompt_tokens: int  # prompt tokens computed this step
 
 
-def resolve_model_dir(model: str | None) -> Path:
-    if model is not None:
-        return Path(model).expanduser()
-    from infer.engine.default_model import default_model_dir
-
-    return default_model_dir()
-
-
 class EngineCore:
     def __init__(self, config: EngineConfig, runner: Runner, tokenizer: Tokenizer, model_info: ModelInfo) -> None:
         """An engine over its parts: tests pass a fake runner; `from_config` loads the real ones."""
@@ -77,6 +69,7 @@ class EngineCore:
               f"the KV pool ({runner.num_blocks} blocks) must hold one max_model_len request "
               f"({config.max_blocks_per_seq} blocks)")  # fmt: skip
         self.config, self.runner, self.tokenizer, self.model_info = config, runner, tokenizer, model_info
+        self.processor = InputProcessor(tokenizer, config.max_model_len, model_info.vocab_size)
         self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler: Scheduler[LiveRequest] = Scheduler(config, self.block_manager)
         self.sampler = Sampler(config.seed, runner.device)
@@ -92,44 +85,22 @@ class EngineCore:
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
         """Load the model directory `config.model` names (the default model when None)."""
-        from infer.engine.loader import load_model
-        from infer.engine.runner import ModelRunner, kv_cache_bytes_per_block
+        from infer.engine.loader import load_engine
 
-        model_dir = resolve_model_dir(config.model)
-        model = load_model(model_dir, config)
-        model_config = model.cfg
-        config = config.for_model(model_config.max_position_embeddings)
-        tokenizer = Tokenizer.from_dir(model_dir)
-        block_bytes = kv_cache_bytes_per_block(model, config.block_size, config.torch_dtype)
-        num_blocks = config.num_blocks or config.kv_cache_memory_bytes // block_bytes
-        info = ModelInfo(
-            model_id=model_dir.name,
-            model_dir=str(model_dir),
-            vocab_size=model_config.vocab_size,
-            eos_token_ids=tuple(sorted(tokenizer.eos_token_ids | frozenset(model_config.eos_token_ids))),
-            has_chat_template=tokenizer.chat_template is not None,
-            kernels=model.kernels.name,
-        )
-        return cls(config, ModelRunner(model, num_blocks, config.block_size), tokenizer, info)
+        return cls(*load_engine(config))
 
     # intake (any thread)
-    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        num_prompt, max_model_len, vocab = len(prompt_token_ids), self.config.max_model_len, self.model_info.vocab_size
-        check("prompt", num_prompt > 0, "must not be empty")
-        check("prompt", num_prompt < max_model_len,
-              f"{num_prompt} tokens exceeds max_model_len ({max_model_len}) less one token to generate")  # fmt: skip
-        check("prompt_token_ids", all(0 <= t < vocab for t in prompt_token_ids), f"ids must be in [0, {vocab})")
-        check("stop_token_ids", all(0 <= t < vocab for t in params.stop_token_ids), f"ids must be in [0, {vocab})")
-        check("max_tokens", num_prompt + params.max_tokens <= max_model_len,
-              f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds "
-              f"max_model_len ({max_model_len})")  # fmt: skip
-
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, sink: Sink) -> None:
-        """Validate and enqueue; ValueError for bad input, QueueFullError when the queue is full."""
-        self.validate(prompt_token_ids, params)
-        ids = list(prompt_token_ids)
+        """Check (the input processor) and enqueue; ValueError for bad input, QueueFullError when the queue is
+        full."""
+        self.submit(request_id, self.processor.process(Prompt(token_ids=prompt_token_ids), params), sink)
+
+    def submit(self, request_id: str, processed: ProcessedInput, sink: Sink) -> None:
+        """Enqueue a request the input processor checked (nothing is checked again); QueueFullError when the
+        queue is full."""
+        ids, params = processed.prompt_token_ids, processed.params
         detokenizer = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens, params.stop)
-        request = LiveRequest(request_id, ids, params, time.monotonic(), sink=sink, detokenizer=detokenizer)
+        request = LiveRequest(request_id, list(ids), params, time.monotonic(), sink=sink, detokenizer=detokenizer)
         if params.constraint is not None:
             request.grammar = self.structured.grammar(params.constraint)  # compiles off this thread from now
         self.inbox.add(request)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from infer.engine.config import EngineConfig
+from infer.engine.input_processor import InputLimits, ProcessedInput, Prompt
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.stats import EngineStats
 from infer.engine.stream import RequestStream
@@ -40,8 +41,13 @@ class EngineClient(Protocol):
     @property
     def tokenizer(self) -> Tokenizer: ...
 
-    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        """ValueError naming the field when the request cannot run (empty prompt, too long, bad ids)."""
+    def process(self, prompt: Prompt, params: SamplingParams, limits: InputLimits | None = None) -> ProcessedInput:
+        """The request rendered, tokenized and checked, once (the input processor; CPU work: call it off the
+        event loop); InvalidInput naming the field when it cannot run."""
+        ...
+
+    def tokenize(self, prompt: Prompt, limits: InputLimits | None = None) -> ProcessedInput:
+        """The prompt's token ids (a chat rendered), not checked against the model (off the event loop)."""
         ...
 
     async def compile_constraint(self, constraint: Constraint) -> None:
@@ -59,6 +65,10 @@ class EngineClient(Protocol):
         self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None
     ) -> RequestStream:
         """Enqueue and stream deltas; ValueError for bad input, QueueFullError when the queue is full."""
+        ...
+
+    def submit(self, processed: ProcessedInput, request_id: str | None = None) -> RequestStream:
+        """`generate` for a request `process` returned; QueueFullError when the queue is full."""
         ...
 
     def abort(self, request_id: str) -> None: ...

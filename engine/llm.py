@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore, QueueFullError
+from infer.engine.input_processor import ProcessedInput, Prompt
 from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
 from infer.engine.sampling_params import SamplingParams
 
@@ -68,11 +69,12 @@ class LLM:
             params = [params or SamplingParams()] * len(items)
         if len(params) != len(items):
             raise ValueError(f"params: {len(params)} given for {len(items)} prompts")
-        encoded = [self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in items]
-        for ids, p in zip(encoded, params, strict=True):
-            self.core.validate(ids, p)
-        outputs = [CompletionOutput(ids) for ids in encoded]
-        pending = deque((self._new_id(), out, p) for out, p in zip(outputs, params, strict=True))
+        processed = [self.core.processor.process(_prompt(p), sp) for p, sp in zip(items, params, strict=True)]
+        return self._run(processed)
+
+    def _run(self, processed: list[ProcessedInput]) -> list[CompletionOutput]:
+        outputs = [CompletionOutput(p.prompt_token_ids) for p in processed]
+        pending = deque((self._new_id(), out, p) for out, p in zip(outputs, processed, strict=True))
         added: list[str] = []
         try:
             while True:
@@ -89,13 +91,13 @@ class LLM:
         self._next_id += 1
         return f"llm-{self._next_id}"
 
-    def _feed(self, pending: deque[tuple[str, CompletionOutput, SamplingParams]]) -> list[str]:
+    def _feed(self, pending: deque[tuple[str, CompletionOutput, ProcessedInput]]) -> list[str]:
         """Enqueue from the front of `pending` until the engine's queue is full; the ids enqueued."""
         added = []
         while pending:
             request_id, out, p = pending[0]
             try:
-                self.core.add_request(request_id, out.prompt_token_ids, p, out.add)
+                self.core.submit(request_id, p, out.add)
             except QueueFullError:
                 break
             added.append(request_id)
@@ -105,10 +107,10 @@ class LLM:
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Deltas of one request as the engine steps: the text streams as it is generated. Closing the
         iterator early (or an exception in it) aborts the request."""
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        processed = self.core.processor.process(_prompt(prompt), params or SamplingParams())
         deltas: deque[RequestOutput] = deque()
         request_id = self._new_id()
-        self.core.add_request(request_id, ids, params or SamplingParams(), deltas.append)
+        self.core.submit(request_id, processed, deltas.append)
         finished = False
         try:
             while not finished:
@@ -121,5 +123,14 @@ class LLM:
             if not finished:
                 self.core.abort_now([request_id])
 
-    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> CompletionOutput:
-        return self.generate([self.tokenizer.encode_chat(messages)], params)[0]
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], params: SamplingParams | None = None, **template_kwargs: Any
+    ) -> CompletionOutput:
+        """One chat completion: the messages rendered by the model's chat template (`template_kwargs`: more of
+        its variables, e.g. `enable_thinking`)."""
+        prompt = Prompt(messages=messages, template_kwargs=template_kwargs)
+        return self._run([self.core.processor.process(prompt, params or SamplingParams())])[0]
+
+
+def _prompt(prompt: str | Sequence[int]) -> Prompt:
+    return Prompt(text=prompt) if isinstance(prompt, str) else Prompt(token_ids=[int(t) for t in prompt])

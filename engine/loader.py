@@ -12,8 +12,11 @@ import torch
 from safetensors import safe_open
 
 from infer.engine.config import EngineConfig
+from infer.engine.interface import ModelInfo
 from infer.engine.model_config import ModelConfig, parse_model_config
 from infer.engine.models import CausalLM, Target, checkpoint_target, convert_tensor
+from infer.engine.runner import ModelRunner, kv_cache_bytes_per_block
+from infer.engine.tokenizer import Tokenizer
 from infer.kernels import select_kernels
 
 
@@ -36,12 +39,18 @@ def read_json(path: Path) -> dict[str, Any]:
 def load_model_config(model_dir: Path) -> ModelConfig:
     cfg = read_json(model_dir / "config.json")
     generation = model_dir / "generation_config.json"
-    if generation.is_file() and read_json(generation).get("eos_token_id") is not None:
-        cfg["eos_token_id"] = read_json(generation)["eos_token_id"]
+    generation_eos = read_json(generation).get("eos_token_id") if generation.is_file() else None
+    if generation_eos is not None:  # NOTE: both count (generation stops at either), as they did for the tokenizer
+        cfg["eos_token_id"] = list(dict.fromkeys(_as_list(cfg.get("eos_token_id")) + _as_list(generation_eos)))
     try:
         return parse_model_config(cfg)
     except ValueError as e:
         raise ModelLoadError(f"{model_dir / 'config.json'}: {e}") from None
+
+
+def _as_list(raw: Any) -> list[Any]:
+    """An `eos_token_id`: an int, a list of them, or null."""
+    return [] if raw is None else list(raw) if isinstance(raw, list) else [raw]
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -116,3 +125,32 @@ def load_model(model_dir: str | Path, config: EngineConfig | None = None, kernel
         model = CausalLM(cfg, backend, max_positions=max_model_len)
     _load_weights(model, files)
     return model.to_device(torch.device(config.device), config.torch_dtype).eval().quantize(config.quantization)
+
+
+def resolve_model_dir(model: str | None) -> Path:
+    if model is not None:
+        return Path(model).expanduser()
+    from infer.engine.default_model import default_model_dir
+
+    return default_model_dir()
+
+
+def load_engine(config: EngineConfig) -> tuple[EngineConfig, ModelRunner, Tokenizer, ModelInfo]:
+    """An engine core's parts for the model directory `config.model` names (the default model when None): the
+    config settled for the model, the runner with its KV cache, the tokenizer and what clients see."""
+    model_dir = resolve_model_dir(config.model)
+    model = load_model(model_dir, config)
+    model_config = model.cfg
+    config = config.for_model(model_config.max_position_embeddings)
+    tokenizer = Tokenizer.from_dir(model_dir, model_config.eos_token_ids)
+    block_bytes = kv_cache_bytes_per_block(model, config.block_size, config.torch_dtype)
+    num_blocks = config.num_blocks or config.kv_cache_memory_bytes // block_bytes
+    info = ModelInfo(
+        model_id=model_dir.name,
+        model_dir=str(model_dir),
+        vocab_size=model_config.vocab_size,
+        eos_token_ids=tuple(sorted(tokenizer.eos_token_ids)),  # config.json's among them
+        has_chat_template=tokenizer.chat_template is not None,
+        kernels=model.kernels.name,
+    )
+    return config, ModelRunner(model, num_blocks, config.block_size), tokenizer, info

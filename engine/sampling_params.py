@@ -17,7 +17,7 @@ MIN_REPETITION_PENALTY = 0.01
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16
+    max_tokens: int | None = 16  # None: as many as the context leaves (the input processor settles it)
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
@@ -39,7 +39,7 @@ class SamplingParams:
         # accept lists from callers; keep the dataclass hashable
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        check("max_tokens", self.max_tokens >= 1, "must be >= 1")
+        check("max_tokens", self.max_tokens is None or self.max_tokens >= 1, "must be >= 1")
         check("temperature", 0.0 <= self.temperature <= 100.0, "must be in [0, 100]")
         check("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]")
         check("top_k", self.top_k >= 0, "must be >= 0 (0 = off)")
@@ -47,7 +47,8 @@ class SamplingParams:
         check("repetition_penalty", 0.0 < self.repetition_penalty <= 10.0, "must be in (0, 10]")
         check("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]")
         check("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]")
-        check("min_tokens", 0 <= self.min_tokens <= self.max_tokens, "must be in [0, max_tokens]")
+        max_tokens = self.max_tokens if self.max_tokens is not None else self.min_tokens
+        check("min_tokens", 0 <= self.min_tokens <= max_tokens, "must be in [0, max_tokens]")
         check("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]")
         check("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings")
         check("stop", len(self.stop) <= 16, "at most 16 stop strings")

@@ -132,7 +132,9 @@ class Speculator:
             state.pause_steps -= 1
             return []
         # NOTE: one token more than the drafts comes out; no more than max_tokens or max_model_len allow
-        room = min(r.params.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens) - 1
+        room = self.max_model_len - r.num_tokens - 1
+        if r.params.max_tokens is not None:
+            room = min(room, r.params.max_tokens - r.num_output_tokens - 1)
         return self.source.propose(r.all_token_ids, min(state.num_drafts, room))
 
 

@@ -26,7 +26,8 @@ def finish_reason(
     if is_stop_token(token_id, request.params, eos_token_ids) or hit_stop_string:
         return FinishReason.STOP
     num_output = request.num_output_tokens if num_output_tokens is None else num_output_tokens
-    if num_output >= request.params.max_tokens or request.num_prompt_tokens + num_output >= max_model_len:
+    max_tokens = request.params.max_tokens  # None: up to max_model_len
+    if (max_tokens is not None and num_output >= max_tokens) or request.num_prompt_tokens + num_output >= max_model_len:
         return FinishReason.LENGTH
     return None
 

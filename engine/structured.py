@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infer.engine.validation import check
+from infer.engine.validation import InvalidInput, check
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -58,7 +58,7 @@ class Constraint:
             kind = ConstraintKind(self.kind)
         except ValueError:
             kinds = ", ".join(k.value for k in ConstraintKind)
-            raise ValueError(f"constraint: {str(self.kind)[:40]!r} is not one of {kinds}") from None
+            raise InvalidInput("constraint", f"{str(self.kind)[:40]!r} is not one of {kinds}") from None
         object.__setattr__(self, "kind", kind)
         check(kind, len(self.text) <= MAX_CONSTRAINT_CHARS, f"at most {MAX_CONSTRAINT_CHARS} characters")
         if kind is ConstraintKind.JSON_OBJECT:
@@ -106,7 +106,7 @@ def _json(kind: str, text: str) -> Any:
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as e:
-        raise ValueError(f"{kind}: not valid JSON: {e}") from None
+        raise InvalidInput(kind, f"not valid JSON: {e}") from None
 
 
 def choice_grammar(choices: Sequence[str]) -> str:
@@ -118,10 +118,10 @@ def choice_grammar(choices: Sequence[str]) -> str:
 _ERROR_PREFIX = re.compile(r"^\s*(\[[\d:]+\]\s*)?(\S+\.(cc|h):\d+:\s*)?(Check failed: .*? is false:\s*)?")
 
 
-def compile_error(kind: str, error: BaseException) -> ValueError:
-    """A compile failure as a ValueError that names the kind, without xgrammar's source positions."""
+def compile_error(kind: str, error: BaseException) -> InvalidInput:
+    """A compile failure as an InvalidInput that names the kind, without xgrammar's source positions."""
     message = _ERROR_PREFIX.sub("", str(error)).strip() or type(error).__name__
-    return ValueError(f"{kind}: does not compile: {message}")
+    return InvalidInput(kind, f"does not compile: {message}")
 
 
 # --- the tokenizer as xgrammar sees it
@@ -233,7 +233,7 @@ class GrammarCompiler:
         except RuntimeError as e:  # xgrammar's errors for a schema, regex or grammar it cannot take
             raise compile_error(constraint.kind, e) from None
         if not _allows_a_token(compiled, self.vocab_size):  # e.g. a JSON schema whose $refs only loop
-            raise ValueError(f"{constraint.kind}: does not compile: no output can match it")
+            raise InvalidInput(constraint.kind, "does not compile: no output can match it")
         elapsed_s = time.perf_counter() - started_s
         with self._lock:
             self.num_compiled += 1

@@ -31,7 +31,7 @@ from infer.engine.structured_tool_parsers import (
     ToolCallParser,
     WholeOutputParser,
 )
-from infer.engine.validation import check
+from infer.engine.validation import InvalidInput, check
 
 if TYPE_CHECKING:
     from infer.engine.tokenizer import Tokenizer
@@ -69,7 +69,7 @@ class Tool:
             try:
                 schema = json.loads(self.parameters)
             except (ValueError, RecursionError) as e:
-                raise ValueError(f"parameters: not valid JSON: {e}") from None
+                raise InvalidInput("parameters", f"not valid JSON: {e}") from None
             check("parameters", isinstance(schema, dict), "must be a JSON object (a JSON schema)")
 
     @property

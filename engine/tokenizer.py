@@ -70,8 +70,11 @@ class Tokenizer:
         self._compiled_template: jinja2.Template | None = None
 
     @classmethod
-    def from_dir(cls, model_dir: Path) -> Tokenizer:
-        """Load `tokenizer.json` (required) and the optional configs of a Hugging Face model directory."""
+    def from_dir(cls, model_dir: Path, model_eos_token_ids: Iterable[int] = ()) -> Tokenizer:
+        """Load `tokenizer.json` (required) and the optional tokenizer configs of a Hugging Face model directory.
+
+        `model_eos_token_ids`: `config.json`'s `eos_token_id`, from the model config the loader parsed (this
+        never reads `config.json` itself)."""
         model_dir = Path(model_dir)
         path = model_dir / "tokenizer.json"
         if not path.is_file():
@@ -86,7 +89,7 @@ class Tokenizer:
         special = {k: t for k in SPECIAL_TOKEN_NAMES if (t := _token_spec(tok_cfg.get(k))) is not None}
         extra = [t for k in EXTRA_SPECIAL_KEYS for raw in _as_list(tok_cfg.get(k)) if (t := _token_spec(raw))]
         eos_ids = _ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
-        eos_ids |= _ids(_read_json(model_dir / "config.json").get("eos_token_id"))
+        eos_ids |= set(model_eos_token_ids)
         return cls(
             backend,
             special_tokens=special,

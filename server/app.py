@@ -238,7 +238,6 @@ async def start_gateway(server: InferenceServer) -> GatewayServer | None:
             tls=config.tls,
             api_keys=server.api_keys,
             limits=HttpLimits(config.max_request_bytes, config.http_header_timeout_s, config.http_body_timeout_s),
-            max_output_tokens=config.max_output_tokens,
             allowed_origins=parse_origins(config.allowed_origins),
         )
     )

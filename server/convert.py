@@ -1,8 +1,9 @@
-"""Proto <-> engine types. Nothing else: no I/O, no engine calls beyond the tokenizer."""
+"""Proto <-> engine types. Nothing else: no I/O, no engine calls, no rendering or tokenizing (the engine's
+input processor does that)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from infer.api import CHAT_ROLES, OPTIONAL_SAMPLING_FIELDS, REQUEST_ID, pb
@@ -10,6 +11,9 @@ from infer.engine import (
     Constraint,
     EngineClient,
     FinishReason,
+    InvalidInput,
+    ProcessedInput,
+    Prompt,
     RequestOutput,
     SamplingParams,
     Tokenizer,
@@ -18,7 +22,6 @@ from infer.engine import (
     ToolCallParser,
     ToolChoice,
     ToolChoiceMode,
-    ToolUse,
 )
 from infer.server.limits import InputBounds
 
@@ -31,13 +34,15 @@ _TOOL_CHOICE_MODES = {
 
 
 def sampling_params(proto: pb.SamplingParams) -> SamplingParams:
-    """Engine parameters; unset fields keep the engine defaults. ValueError names the field (`sampling.top_p`)."""
+    """Engine parameters; unset fields keep the engine defaults. InvalidInput names the field (`sampling.top_p`)."""
     values: dict[str, Any] = {name: getattr(proto, name) for name in OPTIONAL_SAMPLING_FIELDS if proto.HasField(name)}
     values |= {"stop": tuple(proto.stop), "stop_token_ids": tuple(proto.stop_token_ids), "ignore_eos": proto.ignore_eos}
+    if proto.max_tokens_from_context and not proto.HasField("max_tokens"):
+        values["max_tokens"] = None  # the engine's input processor fills in what the context leaves
     try:
         return SamplingParams(**values, constraint=_constraint(proto))
-    except ValueError as e:
-        raise ValueError(f"sampling.{e}") from None
+    except InvalidInput as e:
+        raise e.within("sampling") from None
 
 
 def _constraint(proto: pb.SamplingParams) -> Constraint | None:
@@ -51,71 +56,40 @@ def _constraint(proto: pb.SamplingParams) -> Constraint | None:
     return Constraint.of(kind, getattr(proto, kind))
 
 
-def tool_use(request: pb.GenerateRequest | pb.TokenizeRequest, tokenizer: Tokenizer) -> ToolUse:
-    """The request's tools as its model calls them (none: a plain chat). ValueError names the field."""
+def check_request_id(request_id: str) -> None:
+    """An empty id is fine (the server makes one); else 1 to 128 visible ASCII characters."""
+    if request_id and not REQUEST_ID.match(request_id):
+        raise InvalidInput("request_id", "must be 1 to 128 visible ASCII characters")
+
+
+def _tools(request: pb.GenerateRequest | pb.TokenizeRequest) -> list[Tool]:
     tools = []
     for i, t in enumerate(request.tools):
         try:
             tools.append(Tool(t.name, t.description, t.parameters))
-        except ValueError as e:
-            raise ValueError(f"tools[{i}].{e}") from None
-    choice = ToolChoice()
-    if isinstance(request, pb.GenerateRequest) and request.HasField("tool_choice"):
-        if request.tool_choice.WhichOneof("choice") == "function":
-            choice = ToolChoice(ToolChoiceMode.FUNCTION, request.tool_choice.function)
-        else:
-            choice = ToolChoice(_TOOL_CHOICE_MODES.get(request.tool_choice.mode, ToolChoiceMode.AUTO))
-    if tools and request.WhichOneof("input") != "messages":
-        raise ValueError("tools: only a chat (messages) can call tools")
-    parallel = True
-    if isinstance(request, pb.GenerateRequest) and request.HasField("parallel_tool_calls"):
-        parallel = request.parallel_tool_calls
-    return ToolUse.for_model(tools, choice, tokenizer, parallel)
+        except InvalidInput as e:
+            raise e.within(f"tools[{i}]") from None
+    return tools
 
 
-def with_tools(params: SamplingParams, use: ToolUse) -> SamplingParams:
-    """The constraint of tool_choice required / a named function, and the special tokens the parser reads."""
-    try:
-        constraint = use.constraint
-    except ValueError as e:  # the combined schema is too long
-        raise ValueError(f"tools: {e}") from None
-    if constraint is not None:
-        if params.constraint is not None:
-            raise ValueError(f"tool_choice: {use.choice.mode} constrains the output: sampling.{params.constraint.kind} "
-                             "cannot be set as well")  # fmt: skip
-        params = replace(params, constraint=constraint)
-    if use.needs_special_tokens:
-        params = replace(params, skip_special_tokens=False)
-    return params
-
-
-def constraint_error(error: ValueError, use: ToolUse) -> ValueError:
-    """A constraint that does not compile, named after the request's field."""
-    if use.constraint is None:
-        return ValueError(f"sampling.{error}")
-    detail = str(error).split(": ", 1)[-1]
-    if use.choice.mode is ToolChoiceMode.FUNCTION:
-        index = next(i for i, t in enumerate(use.tools) if t.name == use.choice.function)
-        return ValueError(f"tools[{index}].parameters: {detail}")
-    return ValueError(f"tools: the parameters of a tool {detail}")
-
-
-def check_request_id(request_id: str) -> None:
-    """An empty id is fine (the server makes one); else 1 to 128 visible ASCII characters."""
-    if request_id and not REQUEST_ID.match(request_id):
-        raise ValueError("request_id: must be 1 to 128 visible ASCII characters")
+def _tool_choice(request: pb.GenerateRequest) -> ToolChoice:
+    if not request.HasField("tool_choice"):
+        return ToolChoice()
+    if request.tool_choice.WhichOneof("choice") == "function":
+        return ToolChoice(ToolChoiceMode.FUNCTION, request.tool_choice.function)
+    return ToolChoice(_TOOL_CHOICE_MODES.get(request.tool_choice.mode, ToolChoiceMode.AUTO))
 
 
 def _messages(proto: pb.ChatMessages) -> list[dict[str, Any]]:
     messages = []
     for i, m in enumerate(proto.messages):
         if m.role not in CHAT_ROLES:
-            raise ValueError(f"messages[{i}].role: {m.role!r} is not one of {', '.join(CHAT_ROLES)}")
+            raise InvalidInput(f"messages[{i}].role", f"{m.role!r} is not one of {', '.join(CHAT_ROLES)}")
         # "developer" is OpenAI's newer name for the system role; chat templates know "system"
         message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.content}
         if m.tool_calls:
             if m.role != "assistant":
-                raise ValueError(f"messages[{i}].tool_calls: only an assistant message has tool calls")
+                raise InvalidInput(f"messages[{i}].tool_calls", "only an assistant message has tool calls")
             message["tool_calls"] = [{"id": c.id, "type": "function",
                                       "function": {"name": c.name, "arguments": c.arguments}}
                                      for c in m.tool_calls]  # fmt: skip
@@ -125,6 +99,38 @@ def _messages(proto: pb.ChatMessages) -> list[dict[str, Any]]:
                 message["name"] = m.name
         messages.append(message)
     return messages
+
+
+def prompt(request: pb.GenerateRequest) -> Prompt:
+    """The request's input as the engine takes it (the messages converted: a thread's work for a long chat)."""
+    kind = request.WhichOneof("input")
+    tools = _tools(request)
+    if kind == "prompt":
+        return Prompt(text=request.prompt, tools=tools)
+    if kind == "token_ids":
+        return Prompt(token_ids=request.token_ids.ids, tools=tools)
+    if kind == "messages":
+        parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
+        return Prompt(messages=_messages(request.messages), tools=tools, tool_choice=_tool_choice(request),
+                      parallel_tool_calls=parallel)  # fmt: skip
+    raise InvalidInput("input", "one of prompt, token_ids or messages is required")
+
+
+def tokenize_prompt(request: pb.TokenizeRequest) -> Prompt:
+    kind = request.WhichOneof("input")
+    tools = _tools(request)
+    if kind == "text":
+        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        return Prompt(text=request.text, tools=tools, add_special_tokens=add_special)
+    if kind == "messages":
+        add_prompt = request.add_generation_prompt if request.HasField("add_generation_prompt") else True
+        return Prompt(messages=_messages(request.messages), tools=tools, add_generation_prompt=add_prompt)
+    raise InvalidInput("input", "one of text or messages is required")
+
+
+def tokenize_response(request: pb.TokenizeRequest, processed: ProcessedInput) -> pb.TokenizeResponse:
+    text = processed.rendered if processed.rendered is not None else request.text
+    return pb.TokenizeResponse(token_ids=processed.prompt_token_ids, text=text)
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,7 @@ class InputSize:
 
 
 def checked_input_size(request: pb.GenerateRequest | pb.TokenizeRequest, bounds: InputBounds) -> InputSize:
-    """The input's size, refused (ValueError naming the limit) when over `bounds`. Cheap: no template, no
+    """The input's size, refused (InvalidInput naming the limit) when over `bounds`. Cheap: no template, no
     tokenizer, and a chat's characters are counted only once its message count is within bounds."""
     kind = request.WhichOneof("input")
     if kind == "prompt" or kind == "text":
@@ -154,41 +160,6 @@ def checked_input_size(request: pb.GenerateRequest | pb.TokenizeRequest, bounds:
     else:
         size = InputSize()  # no input: the conversion names the missing field
     return size
-
-
-def _render_chat(
-    tokenizer: Tokenizer,
-    messages: pb.ChatMessages,
-    bounds: InputBounds,
-    use: ToolUse | None,
-    add_generation_prompt: bool = True,
-) -> str:
-    checked = _messages(messages)
-    variables: dict[str, Any] = {}
-    if use is not None:
-        checked, variables = use.render(checked)
-    try:
-        text = tokenizer.apply_chat_template(checked, add_generation_prompt=add_generation_prompt, **variables)
-    except ValueError as e:
-        raise ValueError(f"messages: {e}") from None
-    bounds.check_chars("messages", len(text), "the rendered chat is ")  # before it is tokenized
-    return text
-
-
-def prompt_token_ids(
-    request: pb.GenerateRequest, tokenizer: Tokenizer, bounds: InputBounds, use: ToolUse | None = None
-) -> list[int]:
-    """The prompt as token ids, from text, ids or chat messages (with `use`'s tools). Call `checked_input_size`
-    first."""
-    kind = request.WhichOneof("input")
-    if kind == "prompt":
-        return tokenizer.encode(request.prompt)
-    if kind == "token_ids":
-        return list(request.token_ids.ids)
-    if kind == "messages":
-        text = _render_chat(tokenizer, request.messages, bounds, use)
-        return tokenizer.encode(text, add_special_tokens=False)
-    raise ValueError("input: one of prompt, token_ids or messages is required")
 
 
 def _logprob(lp: TokenLogprob, tokenizer: Tokenizer) -> pb.TokenLogprob:
@@ -246,16 +217,3 @@ def model_info(engine: EngineClient) -> pb.GetModelInfoResponse:
         max_waiting_requests=engine.config.max_waiting_requests,
         kernels=info.kernels,
     )
-
-
-def tokenize(request: pb.TokenizeRequest, tokenizer: Tokenizer, bounds: InputBounds) -> pb.TokenizeResponse:
-    """Call `checked_input_size` first. ValueError names the field."""
-    kind = request.WhichOneof("input")
-    if kind == "text":
-        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
-        return pb.TokenizeResponse(token_ids=tokenizer.encode(request.text, add_special), text=request.text)
-    if kind == "messages":
-        add_prompt = request.add_generation_prompt if request.HasField("add_generation_prompt") else True
-        text = _render_chat(tokenizer, request.messages, bounds, tool_use(request, tokenizer), add_prompt)
-        return pb.TokenizeResponse(token_ids=tokenizer.encode(text, add_special_tokens=False), text=text)
-    raise ValueError("input: one of text or messages is required")

@@ -12,11 +12,19 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from infer.api import SERVICE, SERVICE_NAME, pb, pb_grpc
-from infer.engine import EngineClient, FinishReason, QueueFullError, SamplingParams, ToolUse
+from infer.api import INVALID_FIELD_KEY, SERVICE, SERVICE_NAME, pb, pb_grpc
+from infer.engine import (
+    EngineClient,
+    FinishReason,
+    InvalidInput,
+    ProcessedInput,
+    QueueFullError,
+    SamplingParams,
+    ToolUse,
+)
 from infer.server import convert
 from infer.server.lifecycle import Lifecycle, NotServingError
-from infer.server.limits import InputBounds, RequestLimits
+from infer.server.limits import RequestLimits
 from infer.server.prompt_workers import PromptWorkers
 from infer.server.telemetry import RequestTrace, Telemetry
 
@@ -32,6 +40,7 @@ class StatusError(Exception):
 
 
 def _status(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """NOTE: InvalidInput is a ValueError: INVALID_ARGUMENT; `_rpc` also sends its field (INVALID_FIELD_KEY)."""
     if isinstance(error, StatusError):
         return error.code, error.message
     if isinstance(error, ValueError):
@@ -79,7 +88,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 raise
             code, message = _status(e)
             trace.end(code.name, message)
-            await context.abort(code, message)
+            field = ((INVALID_FIELD_KEY, e.field),) if isinstance(e, InvalidInput) else ()
+            await context.abort(code, message, trailing_metadata=field)
         else:
             trace.end("OK")
 
@@ -92,26 +102,23 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         request_id = request.request_id or uuid.uuid4().hex
         async with self._rpc(context, "Generate", request_id) as (engine, trace):
             convert.check_request_id(request.request_id)
-            tokenizer = engine.tokenizer
-            tools = convert.tool_use(request, tokenizer)
-            params = convert.with_tools(convert.sampling_params(request.sampling), tools)
+            params = convert.sampling_params(request.sampling)
             bounds = self.limits.bounds(engine.config.max_model_len)
             size = convert.checked_input_size(request, bounds)  # before any template or tokenizer work
-            prompt = await self.prompt_workers.run(
-                size, lambda: _checked_prompt(engine, request, params, bounds, tools)
+            processed = await self.prompt_workers.run(
+                size, lambda: engine.process(convert.prompt(request), params, bounds.engine)
             )
-            self.limits.check(len(prompt), params.max_tokens)
-            await _compiled(engine, params, tools)
-            _admit_by_deadline(engine, len(prompt), context.time_remaining())
-            parser = tools.parser()
-            async with engine.generate(prompt, params, request_id) as stream:  # leaving early aborts it
+            await _compiled(engine, processed)
+            _admit_by_deadline(engine, len(processed.prompt_token_ids), context.time_remaining())
+            parser = processed.parser()
+            async with engine.submit(processed, request_id) as stream:  # leaving early aborts it
                 async for out in stream:
                     trace.on_output(out)
                     if out.finish_reason is FinishReason.ERROR:
                         raise StatusError(grpc.StatusCode.INTERNAL, f"request {request_id} failed: {out.error}")
                     if out.finish_reason is FinishReason.ABORT:
                         raise StatusError(grpc.StatusCode.CANCELLED, f"request {request_id} was aborted")
-                    await context.write(convert.generate_response(out, tokenizer, parser))
+                    await context.write(convert.generate_response(out, engine.tokenizer, parser))
 
     async def GetModelInfo(  # noqa: N802
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
@@ -126,7 +133,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         async with self._rpc(context, "Tokenize") as (engine, _):
             bounds = self.limits.bounds(engine.config.max_model_len)
             size = convert.checked_input_size(request, bounds)
-            return await self.prompt_workers.run(size, lambda: convert.tokenize(request, engine.tokenizer, bounds))
+            processed = await self.prompt_workers.run(
+                size, lambda: engine.tokenize(convert.tokenize_prompt(request), bounds.engine)
+            )
+            return convert.tokenize_response(request, processed)
         raise AssertionError("unreachable: _rpc aborts on error")
 
 
@@ -157,36 +167,16 @@ def _parsing(request_type: type[Message], handler: Handler) -> Handler:
     return parse_then_handle
 
 
-def _checked_prompt(
-    engine: EngineClient, request: pb.GenerateRequest, params: SamplingParams, bounds: InputBounds, tools: ToolUse
-) -> list[int]:
-    """The prompt's token ids, checked against the engine's limits; ValueError names the field."""
-    prompt = convert.prompt_token_ids(request, engine.tokenizer, bounds, tools)
-    try:
-        engine.validate(prompt, params)
-    except ValueError as e:
-        raise ValueError(_proto_field(str(e), request.WhichOneof("input"))) from None
-    return prompt
-
-
-async def _compiled(engine: EngineClient, params: SamplingParams, tools: ToolUse) -> None:
-    """Wait for the constraint to compile (off the event loop; cached for the engine); ValueError names the
-    field when it does not."""
-    if params.constraint is None:
+async def _compiled(engine: EngineClient, processed: ProcessedInput) -> None:
+    """Wait for the constraint to compile (off the event loop; cached for the engine); InvalidInput names the
+    field that asked for it when it does not."""
+    constraint = processed.params.constraint
+    if constraint is None:
         return
     try:
-        await engine.compile_constraint(params.constraint)
-    except ValueError as e:
-        raise convert.constraint_error(e, tools) from None
-
-
-def _proto_field(message: str, input_kind: str | None) -> str:
-    """An engine error named after the request's own field: `sampling.max_tokens`, `messages` (a chat prompt)."""
-    if message.startswith(("max_tokens:", "stop_token_ids:")):
-        return f"sampling.{message}"
-    if message.startswith("prompt:") and input_kind == "messages":
-        return "messages:" + message.removeprefix("prompt:")
-    return message
+        await engine.compile_constraint(constraint)
+    except InvalidInput as e:
+        raise processed.constraint_error(e) from None
 
 
 def _admit_by_deadline(engine: EngineClient, num_prompt_tokens: int, time_remaining_s: float | None) -> None:

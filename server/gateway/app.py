@@ -48,7 +48,7 @@ def app_for(config: GatewayConfig) -> ASGIApp:
     """The ASGI app of a GatewayConfig (its listener settings aside: those are GatewayServer's)."""
     client = Upstream(config.upstream, config.timeout_s, config.upstream_tls)
     metrics = GatewayMetrics()
-    routes = Routes(client, metrics, config.model_id, config.max_output_tokens)
+    routes = Routes(client, metrics, config.model_id)
     policy = BrowserPolicy(config.allowed_origins, config.api_keys is None, is_loopback_address(config.host))
 
     @contextlib.asynccontextmanager
@@ -94,7 +94,6 @@ class GatewayConfig:
     upstream_tls: ClientTls | None = None  # reach the gRPC server over TLS
     api_keys: ApiKeys | None = field(default=None, repr=False)  # None: open (the upstream may still check)
     limits: HttpLimits = field(default_factory=HttpLimits)
-    max_output_tokens: int | None = None  # the server's limit, when known: caps a chat's default max_tokens
     allowed_origins: tuple[str, ...] = ()  # browser origins let in without a key, and given CORS (origins.py)
 
     def __post_init__(self) -> None:

@@ -98,8 +98,6 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
           "a request's headers must arrive within this (408)", float)  # fmt: skip
     _flag(p, "--http-body-timeout-s", "INFER_HTTP_BODY_TIMEOUT_S", f"{d.body_timeout_s:g}",
           "a request's body must arrive within this (408)", float)  # fmt: skip
-    _flag(p, "--max-output-tokens", "INFER_MAX_OUTPUT_TOKENS", "",
-          "the upstream's max_output_tokens: caps a chat's default max_tokens", int)  # fmt: skip
 
 
 def _upstream_tls(args: argparse.Namespace) -> ClientTls | None:
@@ -122,7 +120,6 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         upstream_tls=_upstream_tls(args),
         api_keys=ApiKeys.from_settings(args.api_key, args.api_keys_file),
         limits=HttpLimits(args.max_request_bytes, args.http_header_timeout_s, args.http_body_timeout_s),
-        max_output_tokens=args.max_output_tokens,
         allowed_origins=parse_origins(args.allowed_origins),
     )
 

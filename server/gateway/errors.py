@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from infer.api import CONSTRAINT_FIELDS
 from infer.clients import InferError
 
 RETRY_AFTER_S = {429: 1, 503: 2}  # the Retry-After header of a refused request
@@ -24,9 +25,9 @@ _TYPES = {  # OpenAI's error types by HTTP status; the rest are server_error
 _PYDANTIC_CODES = {"extra_forbidden": "unknown_parameter", "missing": "missing_required_parameter",
                    "unsupported_value": "unsupported_value"}  # fmt: skip
 _UNION_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|.*\[.*)$")  # pydantic's union member labels
-# upstream INVALID_ARGUMENT messages start with the field: "sampling.top_p: must be in (0, 1]"
-_FIELD = re.compile(r"^(?:sampling\.)?([a-z_]+):")
-_UPSTREAM_PARAMS = {"prompt_token_ids": "prompt", "input": None}
+# the model server's request fields (INVALID_FIELD_KEY) that a body names otherwise
+_UPSTREAM_PARAMS: dict[str, str | None] = {"token_ids": "prompt", "input": None}
+_UPSTREAM_TOOL = re.compile(r"^tools(\[\d+\])?(?:\.(name|parameters))?$")  # tools, tools[0], tools[0].parameters
 # the model server's bounds on a prompt's size: over one, the prompt is too long (400, not 422)
 _PROMPT_LIMITS = ("max_model_len", "max_prompt_tokens", "max_prompt_chars", "max_chat_messages")
 
@@ -41,6 +42,7 @@ class APIError(Exception):
         self.status, self.message, self.code, self.param = status, message, code, param
         self.type = type or _TYPES.get(status, "server_error")
         self.is_upstream = False  # True when the model server refused or failed the call (`from_grpc`)
+        self.upstream_field: str | None = None  # the request field the model server refused (INVALID_ARGUMENT)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -109,10 +111,19 @@ def unsupported(param: str, message: str) -> APIError:
     return APIError(422, f"{param}: {message}", code="unsupported_value", param=param)
 
 
-def _invalid_argument(details: str) -> APIError:
-    match = _FIELD.match(details)
-    field = match.group(1) if match else None
-    param = _UPSTREAM_PARAMS.get(field, field) if field else None
+def _body_param(field: str) -> str | None:
+    """The body field of the model server's request field: `sampling.top_p` -> `top_p`, `token_ids` -> `prompt`,
+    `tools[0].parameters` -> `tools[0].function.parameters`."""
+    if field in _UPSTREAM_PARAMS:
+        return _UPSTREAM_PARAMS[field]
+    if match := _UPSTREAM_TOOL.match(field):
+        index, part = match.group(1) or "", match.group(2)
+        return f"tools{index}" + (f".function.{part}" if part else "")
+    return field.removeprefix("sampling.")
+
+
+def _invalid_argument(details: str, field: str | None) -> APIError:
+    param = None if field is None else _body_param(field)
     if any(f"exceeds {limit}" in details for limit in _PROMPT_LIMITS):
         return APIError(400, details, code="context_length_exceeded", param="messages" if param is None else param)
     if field == "request_id" and "already in flight" in details:
@@ -122,40 +133,42 @@ def _invalid_argument(details: str) -> APIError:
     return APIError(422, details, code="invalid_value", param=param)
 
 
-# the model server's names of a constraint or a tool: "sampling.regex", "tools[0].parameters", "tools"
-_UPSTREAM_CONSTRAINT = re.compile(r"^sampling\.(?:json_schema|json_object|regex|grammar|choice): ")
-_UPSTREAM_TOOL = re.compile(r"^tools(\[\d+\])?(?:\.(name|parameters))?: ")
+_UPSTREAM_CONSTRAINTS = {f"sampling.{kind}" for kind in CONSTRAINT_FIELDS}  # "sampling.regex", ...
 
 
 def body_field(error: APIError, constraint_param: str | None) -> APIError:
     """An upstream refusal of the request's constraint or tools, pointed at the body field that carried it
     (`response_format`, `guided_regex`, `tools[0].function.parameters`): 400 for one that does not compile,
     as OpenAI answers an invalid schema. Other errors are returned as they are."""
-    if not error.is_upstream or error.status != 422:
+    field = error.upstream_field
+    if not error.is_upstream or error.status != 422 or field is None:
         return error
-    if (match := _UPSTREAM_CONSTRAINT.match(error.message)) and constraint_param is not None:
-        param, detail = constraint_param, error.message[match.end() :]
-    elif match := _UPSTREAM_TOOL.match(error.message):
-        index, part = match.group(1) or "", match.group(2)
-        param, detail = f"tools{index}" + (f".function.{part}" if part else ""), error.message[match.end() :]
-    else:
+    param = (
+        constraint_param
+        if field in _UPSTREAM_CONSTRAINTS
+        else _body_param(field)
+        if _UPSTREAM_TOOL.match(field)
+        else None
+    )
+    if param is None:
         return error
+    detail = error.message.removeprefix(f"{field}: ")
     status = 400 if detail.startswith("does not compile") or " does not compile" in detail else 422
     renamed = APIError(status, f"{param}: {detail}", code="invalid_value", param=param)
-    renamed.is_upstream = True
+    renamed.is_upstream, renamed.upstream_field = True, field
     return renamed
 
 
 def from_grpc(error: InferError) -> APIError:
-    """The HTTP error for a failed upstream call."""
-    api_error = _from_status(error.code, error.details)
-    api_error.is_upstream = True
+    """The HTTP error for a failed upstream call; an INVALID_ARGUMENT's field (`error.field`) names the body's."""
+    api_error = _from_status(error.code, error.details, error.field)
+    api_error.is_upstream, api_error.upstream_field = True, error.field
     return api_error
 
 
-def _from_status(code: grpc.StatusCode, details: str) -> APIError:
+def _from_status(code: grpc.StatusCode, details: str, field: str | None) -> APIError:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return _invalid_argument(details)
+        return _invalid_argument(details, field)
     if code == grpc.StatusCode.UNAUTHENTICATED:  # the gateway forwards the caller's key: the caller's error
         return APIError(401, details, code="invalid_api_key")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:

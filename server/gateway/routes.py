@@ -37,7 +37,6 @@ from infer.server.gateway.streams import (
     start,
     unless_disconnected,
 )
-from infer.server.gateway.structured import tools_proto
 from infer.server.gateway.upstream import Metadata, Upstream
 
 logger = logging.getLogger(__name__)
@@ -128,11 +127,8 @@ def _metadata(request: Request) -> Metadata:
 
 
 class Routes:
-    def __init__(
-        self, upstream: Upstream, metrics: GatewayMetrics, model_id: str | None, max_output_tokens: int | None = None
-    ) -> None:
+    def __init__(self, upstream: Upstream, metrics: GatewayMetrics, model_id: str | None) -> None:
         self.upstream, self.metrics, self.model_id = upstream, metrics, model_id
-        self.max_output_tokens = max_output_tokens  # the server's limit: caps the default of a chat's max_tokens
         self.ignored_fields = IgnoredFieldLog()  # unknown fields seen: each is logged once
         self.created = int(time.time())
 
@@ -192,26 +188,10 @@ class Routes:
         body = await self._parse(request, ChatCompletionRequest)
         _check_choice_ids(request_id, body.n)
         model = await self._check_model(body.model, _metadata(request))
-        max_tokens = body.max_new_tokens
-        if max_tokens is None:
-            max_tokens = await self._room_left(body, _metadata(request))
         meta = Meta(f"chatcmpl-{request_id}", model, int(time.time()), body.n, body.include_usage, body.logprobs)
-        requests = translate.chat_requests(body, request_id, max_tokens)
+        # NOTE: no max_tokens: the model server fills in what the context leaves after the rendered chat
+        requests = translate.chat_requests(body, request_id, body.max_new_tokens)
         return await self._generate(request, body, requests, ChatFormat(meta))
-
-    async def _room_left(self, body: ChatCompletionRequest, metadata: Metadata) -> int:
-        """No max_tokens: as many as the context leaves after the rendered messages."""
-        info = await self.upstream.model_info(metadata)
-        messages, tools = translate.chat_messages(body.messages), tools_proto(body.tools or [])
-        try:
-            num_prompt = await self.upstream.num_prompt_tokens(messages, metadata, tools)
-        except APIError as e:
-            raise body_field(e, body.constraint_param) from None
-        if num_prompt >= info.max_model_len:
-            message = f"the messages take {num_prompt} tokens: no room left in max_model_len ({info.max_model_len})"
-            raise APIError(400, message, code="context_length_exceeded", param="messages")
-        room = info.max_model_len - num_prompt
-        return room if self.max_output_tokens is None else min(room, self.max_output_tokens)
 
     async def _generate(
         self, request: Request, body: Sampling, requests: Sequence[pb.GenerateRequest], fmt: Format

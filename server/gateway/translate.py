@@ -70,8 +70,10 @@ def chat_messages(messages: list[ChatMessage]) -> pb.ChatMessages:
 
 
 def chat_requests(body: ChatCompletionRequest, request_id: str, max_tokens: int | None) -> list[pb.GenerateRequest]:
-    """`max_tokens`: the request's, or what the context leaves (the caller works that out)."""
+    """`max_tokens` None: as many as the context leaves after the rendered chat (the model server works it out,
+    capped by its max_output_tokens)."""
     sampling = sampling_params(body, max_tokens, body.num_logprobs)
+    sampling.max_tokens_from_context = max_tokens is None
     request = pb.GenerateRequest(messages=chat_messages(body.messages), sampling=sampling,
                                  tools=tools_proto(body.tools or []))  # fmt: skip
     if body.tool_choice is not None:

@@ -38,15 +38,6 @@ class Upstream:
                 raise from_grpc(e) from None
         return self._model_info
 
-    async def num_prompt_tokens(
-        self, messages: pb.ChatMessages, metadata: Metadata = (), tools: Sequence[pb.Tool] = ()
-    ) -> int:
-        """Tokens of the chat messages (and tools) once rendered with the model's chat template."""
-        try:
-            return len(await self.client.tokenize(messages, tools=tools, metadata=metadata))
-        except InferError as e:
-            raise from_grpc(e) from None
-
     def generate(self, request: pb.GenerateRequest, metadata: Metadata = ()) -> GenerateStream:
         """Start a Generate stream; its errors (InferError) surface while reading it."""
         return self.client.stream(request, metadata=metadata)

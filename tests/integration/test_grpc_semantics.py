@@ -20,7 +20,7 @@ import grpc
 import pytest
 import torch
 
-from infer.api import pb, pb_grpc
+from infer.api import INVALID_FIELD_KEY, pb, pb_grpc
 from infer.engine.core import EngineCore
 from infer.engine.scheduler import SchedulerOutput
 from tests.integration.grpc_helpers import ServerThread, running_server
@@ -121,8 +121,10 @@ def error_of(call: Any) -> grpc.RpcError:
         (pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(stop_token_ids=[-1])), "sampling.stop_token_ids"),
         (pb.GenerateRequest(sampling=SHORT), "input"),
         (pb.GenerateRequest(prompt=""), "prompt"),
-        (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 10**8])), "prompt_token_ids"),
+        (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 10**8])), "token_ids"),
         (pb.GenerateRequest(messages=pb.ChatMessages()), "messages"),
+        (pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="root")])), "messages[0].role"),
+        (pb.GenerateRequest(prompt="Hi", tools=[pb.Tool(name="a b")]), "tools[0].name"),
     ],
 )
 def test_invalid_input_is_invalid_argument_naming_the_field(
@@ -131,6 +133,7 @@ def test_invalid_input_is_invalid_argument_naming_the_field(
     error = error_of(stub.Generate(request_, timeout=30))
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert error.details().startswith(f"{field}:"), error.details()
+    assert (INVALID_FIELD_KEY, field) in (error.trailing_metadata() or ())  # the field, apart from the message
 
 
 def test_tokenize_without_input_is_invalid_argument(stub: pb_grpc.InferenceServiceStub) -> None:

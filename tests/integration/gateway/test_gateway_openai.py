@@ -201,3 +201,16 @@ def test_disconnect_while_generating_frees_the_request(
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}, timeout=1.0)
     _assert_aborted(grpc_server, request_id, max_tokens)
+
+
+def test_a_chat_without_max_tokens_renders_its_template_once(
+    client: openai.OpenAI, model: str, grpc_server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One Generate call: the server renders the chat once and fills in max_tokens from the context left."""
+    tokenizer = grpc_server.engine.core.tokenizer
+    render = tokenizer.apply_chat_template
+    renders: list[int] = []
+    monkeypatch.setattr(tokenizer, "apply_chat_template", lambda *a, **k: renders.append(1) or render(*a, **k))
+    chat = client.chat.completions.create(model=model, messages=QUESTION, temperature=0)
+    assert chat.choices[0].message.content and chat.choices[0].finish_reason == "stop"
+    assert len(renders) == 1

@@ -120,7 +120,19 @@ def test_an_engine_reads_config_json_once_and_reports_its_kernels(
         return real(raw)
 
     monkeypatch.setattr(loader, "parse_model_config", counted)
+    read: list[str] = []
+    read_text = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda path, *a, **k: read.append(path.name) or read_text(path, *a, **k))
     monkeypatch.setenv("INFER_KERNELS", "torch")
     core = EngineCore.from_config(EngineConfig(model=str(default_model_dir), max_model_len=256, num_blocks=32))
     assert parsed == ["llama"]
+    assert read.count("config.json") == 1  # the tokenizer takes its eos ids from the parsed model config
     assert core.model_info.kernels == "torch" and core.config.max_model_len == 256
+
+
+def test_eos_ids_of_config_and_generation_config_both_count(llama_dir: Path, tmp_path: Path) -> None:
+    model_dir = _copy(llama_dir, tmp_path / "m")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "eos_token_id": 7}))
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7]}))
+    assert loader.load_model_config(model_dir).eos_token_ids == (7, 5)

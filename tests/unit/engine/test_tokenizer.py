@@ -148,15 +148,20 @@ def test_config_special_tokens_are_registered_like_transformers(tmp_path: Path) 
 
 
 def test_eos_token_ids_union_of_configs(tmp_path: Path) -> None:
-    extra: dict[str, dict[str, Any]] = {
-        "generation_config.json": {"eos_token_id": [5, 6]},
-        "config.json": {"eos_token_id": 7},
-    }
+    extra: dict[str, dict[str, Any]] = {"generation_config.json": {"eos_token_id": [5, 6]}}
     model_dir = write_model_dir(tmp_path, extra_files=extra)
-    tok = Tokenizer.from_dir(model_dir)
+    tok = Tokenizer.from_dir(model_dir, model_eos_token_ids=(7,))  # config.json's, as the loader parsed it
     im_end = tok.token_to_id("<|im_end|>")
     assert im_end is not None
     assert tok.eos_token_ids == frozenset({5, 6, 7, im_end})
+
+
+def test_config_json_is_not_read_again(tmp_path: Path) -> None:
+    """The model config is parsed once, by the loader: the tokenizer never opens config.json."""
+    model_dir = write_model_dir(tmp_path)
+    (model_dir / "config.json").write_text("{not json")
+    tok = Tokenizer.from_dir(model_dir)
+    assert tok.encode("hello")
 
 
 def test_missing_tokenizer_json_names_the_file(tmp_path: Path) -> None:

@@ -14,11 +14,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from infer.api import pb, pb_grpc
 from infer.clients.channel import ClientTls, channel, with_api_key
+from infer.engine import InputProcessor, Prompt, SamplingParams
 from infer.server import security
 from infer.server.app import grpc_options
 from infer.server.limits import RequestLimits
 from infer.server.security import ApiKeys, TlsFiles, server_credentials
 from infer.server.settings import ServerConfig
+from tests.helpers.fake_engine import tiny_tokenizer
 from tests.unit.server.gateway.gateway_helpers import LoopThread
 from tests.unit.server.security_helpers import Certs, guarded
 
@@ -135,13 +137,16 @@ def test_unreadable_tls_files_name_the_setting(tmp_path: Path) -> None:
 
 
 def test_request_limits_name_the_setting() -> None:
-    limits = RequestLimits(max_prompt_tokens=10, max_output_tokens=5)
-    limits.check(10, 5)
+    """The limits the engine's input processor checks carry the server setting that sets each."""
+    limits = RequestLimits(max_prompt_tokens=10, max_output_tokens=5).bounds(2048).engine
+    processor = InputProcessor(tiny_tokenizer(), 2048, 330)
+    processor.process(Prompt(token_ids=[5] * 10), SamplingParams(max_tokens=5), limits)
     with pytest.raises(ValueError, match=r"^prompt: 11 tokens exceeds max_prompt_tokens \(10; .*--max-prompt-tokens"):
-        limits.check(11, 5)
+        processor.process(Prompt(token_ids=[5] * 11), SamplingParams(max_tokens=5), limits)
     with pytest.raises(ValueError, match=r"^sampling.max_tokens: 6 exceeds max_output_tokens \(5; .*INFER_MAX_OUT"):
-        limits.check(10, 6)
-    RequestLimits().check(10**6, 10**6)
+        processor.process(Prompt(token_ids=[5] * 10), SamplingParams(max_tokens=6), limits)
+    unbounded = RequestLimits().bounds(2048).engine
+    processor.process(Prompt(token_ids=[5] * 1000), SamplingParams(max_tokens=1048), unbounded)
 
 
 def test_grpc_refuses_messages_over_max_request_bytes(loop: LoopThread) -> None:

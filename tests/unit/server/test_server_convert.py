@@ -8,7 +8,7 @@ from typing import Any, cast
 import pytest
 
 from infer.api import CONSTRAINT_FIELDS, pb
-from infer.engine import Constraint
+from infer.engine import Constraint, InputProcessor, InvalidInput, Prompt, Tool, ToolChoice, ToolChoiceMode
 from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.tokenizer import Tokenizer
@@ -56,8 +56,15 @@ def test_every_sampling_field_is_carried() -> None:
     }  # fmt: skip
     params = convert.sampling_params(pb.SamplingParams(**values))
     assert params == SamplingParams(**values)
-    carried = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields} - set(CONSTRAINT_FIELDS) | {"constraint"}
-    assert carried == set(SamplingParams.__dataclass_fields__)
+    proto_only = {"max_tokens_from_context"}  # becomes max_tokens None (test below)
+    carried = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields} - set(CONSTRAINT_FIELDS) - proto_only
+    assert carried | {"constraint"} == set(SamplingParams.__dataclass_fields__)
+
+
+def test_max_tokens_from_context_leaves_max_tokens_to_the_engine() -> None:
+    assert convert.sampling_params(pb.SamplingParams(max_tokens_from_context=True)).max_tokens is None
+    assert convert.sampling_params(pb.SamplingParams(max_tokens=7, max_tokens_from_context=True)).max_tokens == 7
+    assert convert.sampling_params(pb.SamplingParams()).max_tokens == 16
 
 
 @pytest.mark.parametrize(
@@ -96,16 +103,29 @@ def test_sampling_errors_name_the_proto_field() -> None:
 
 
 def test_prompt_from_text_ids_or_messages() -> None:
-    assert convert.prompt_token_ids(pb.GenerateRequest(prompt="hi"), TOKENIZER, BOUNDS) == [1, 104, 105]
-    assert convert.prompt_token_ids(pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 6])), TOKENIZER, BOUNDS) == [5, 6]
-    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="x")])
-    assert convert.prompt_token_ids(pb.GenerateRequest(messages=chat), TOKENIZER, BOUNDS) == [
-        ord(c) for c in "<user>x<a>"
-    ]
-    with pytest.raises(ValueError, match=r"^input: "):
-        convert.prompt_token_ids(pb.GenerateRequest(), TOKENIZER, BOUNDS)
-    with pytest.raises(ValueError, match=r"^messages: "):
-        convert.prompt_token_ids(pb.GenerateRequest(messages=pb.ChatMessages()), TOKENIZER, BOUNDS)
+    assert convert.prompt(pb.GenerateRequest(prompt="hi")) == Prompt(text="hi")
+    assert list(convert.prompt(pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 6]))).token_ids or ()) == [5, 6]
+    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="developer", content="x")])
+    assert convert.prompt(pb.GenerateRequest(messages=chat)).messages == [{"role": "system", "content": "x"}]
+    with pytest.raises(InvalidInput, match=r"^input: ") as missing:
+        convert.prompt(pb.GenerateRequest())
+    assert missing.value.field == "input"
+    bad_role = pb.ChatMessages(messages=[pb.ChatMessage(role="root", content="x")])
+    with pytest.raises(InvalidInput) as role:
+        convert.prompt(pb.GenerateRequest(messages=bad_role))
+    assert role.value.field == "messages[0].role"
+
+
+def test_tools_and_choice_are_carried() -> None:
+    tool = pb.Tool(name="f", parameters='{"type": "object"}')
+    request = pb.GenerateRequest(messages=_chat("x"), tools=[tool], tool_choice=pb.ToolChoice(function="f"),
+                                 parallel_tool_calls=False)  # fmt: skip
+    prompt = convert.prompt(request)
+    assert prompt.tools == (Tool("f", "", '{"type": "object"}'),)
+    assert (prompt.tool_choice, prompt.parallel_tool_calls) == (ToolChoice(ToolChoiceMode.FUNCTION, "f"), False)
+    with pytest.raises(InvalidInput) as bad:
+        convert.prompt(pb.GenerateRequest(messages=_chat("x"), tools=[tool, pb.Tool(name="a b")]))
+    assert bad.value.field == "tools[1].name"
 
 
 def test_deltas_carry_tokens_and_only_the_last_carries_usage() -> None:
@@ -126,11 +146,14 @@ def test_deltas_carry_tokens_and_only_the_last_carries_usage() -> None:
 
 
 def test_tokenize_text_and_chat() -> None:
-    assert list(convert.tokenize(pb.TokenizeRequest(text="a"), TOKENIZER, BOUNDS).token_ids) == [1, 97]
+    processor = InputProcessor(TOKENIZER, 2048, 1 << 16)
+    text = pb.TokenizeRequest(text="a")
+    assert list(convert.tokenize_response(text, processor.tokenize(convert.tokenize_prompt(text))).token_ids) == [1, 97]
     no_special = pb.TokenizeRequest(text="a", add_special_tokens=False)
-    assert list(convert.tokenize(no_special, TOKENIZER, BOUNDS).token_ids) == [97]
-    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="x")])
-    response = convert.tokenize(pb.TokenizeRequest(messages=chat, add_generation_prompt=False), TOKENIZER, BOUNDS)
+    assert convert.tokenize_prompt(no_special) == Prompt(text="a", add_special_tokens=False)
+    assert list(processor.tokenize(convert.tokenize_prompt(no_special)).prompt_token_ids) == [97]
+    chat = pb.TokenizeRequest(messages=_chat("x"), add_generation_prompt=False)
+    response = convert.tokenize_response(chat, processor.tokenize(convert.tokenize_prompt(chat)))
     assert response.text == "<user>x" and list(response.token_ids) == [ord(c) for c in "<user>x"]
 
 
@@ -167,8 +190,9 @@ def test_the_rendered_chat_is_bounded_before_it_is_tokenized() -> None:
     bounds = RequestLimits(max_prompt_chars=20).bounds(2048)
     chat = pb.GenerateRequest(messages=_chat("a" * 5, "b" * 5))  # 18 characters as sent, 25 rendered
     assert convert.checked_input_size(chat, bounds) == convert.InputSize(num_chars=18, num_messages=2)
+    processor = InputProcessor(TOKENIZER, 2048, 1 << 16)
     with pytest.raises(ValueError, match=r"^messages: the rendered chat is 25 characters exceeds max_prompt_chars"):
-        convert.prompt_token_ids(chat, TOKENIZER, bounds)
+        processor.process(convert.prompt(chat), SamplingParams(), bounds.engine)
 
 
 def test_unset_size_limits_follow_the_prompt_token_bound() -> None:

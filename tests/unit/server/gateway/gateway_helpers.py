@@ -14,7 +14,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from infer.api import pb, pb_grpc
+from infer.api import INVALID_FIELD_KEY, pb, pb_grpc
 from infer.server.gateway import GatewayConfig, GatewayServer
 
 T = TypeVar("T")
@@ -103,6 +103,7 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
     metadata: list[dict[str, str]] = field(default_factory=list)
     cancelled: set[str] = field(default_factory=set)
     num_prompt_tokens: int = 5
+    num_tokenize_calls: int = 0
 
     async def Generate(  # noqa: N802
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -113,7 +114,11 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
         prompt = _prompt_text(request)
         if prompt.startswith("status:"):
             _, name, *details = prompt.split(":", 2)
-            await context.abort(grpc.StatusCode[name], details[0] if details else f"fake {name}")
+            message = details[0] if details else f"fake {name}"
+            # like the real servicer: INVALID_ARGUMENT names the field in the trailing metadata
+            field = message.split(":")[0] if name == "INVALID_ARGUMENT" and ":" in message else None
+            trailing = ((INVALID_FIELD_KEY, field),) if field else ()
+            await context.abort(grpc.StatusCode[name], message, trailing_metadata=trailing)
         try:
             async for response in self._stream(request, prompt):
                 await context.write(response)
@@ -159,6 +164,7 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
     async def Tokenize(  # noqa: N802
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
+        self.num_tokenize_calls += 1
         return pb.TokenizeResponse(token_ids=list(range(self.num_prompt_tokens)))
 
 

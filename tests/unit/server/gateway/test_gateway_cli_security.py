@@ -25,12 +25,12 @@ def test_security_and_limit_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.setenv("INFER_HTTP_BODY_TIMEOUT_S", "7")
     config = config_from_args(
         _args("--tls-cert", "c.pem", "--tls-key", "k.pem", "--upstream-tls-ca", "ca.pem",
-              "--max-request-bytes", "9999", "--http-header-timeout-s", "3", "--max-output-tokens", "64")
+              "--max-request-bytes", "9999", "--http-header-timeout-s", "3")
     )  # fmt: skip
     assert config.tls == TlsFiles("c.pem", "k.pem")
     assert config.upstream_tls == ClientTls(ca_file="ca.pem")
     assert config.api_keys is not None and config.api_keys.is_valid("k2") and not config.api_keys.is_valid("k3")
-    assert config.limits == HttpLimits(9999, 3.0, 7.0) and config.max_output_tokens == 64
+    assert config.limits == HttpLimits(9999, 3.0, 7.0)
     assert "k1" not in repr(config)  # keys never show in logs of the config
     plain = config_from_args(_args())
     assert plain.tls is None and plain.upstream_tls is None and plain.limits == HttpLimits(body_timeout_s=7.0)

@@ -129,7 +129,9 @@ def test_upstream_status_maps_to_http(
     ("details", "status", "param", "code"),
     [
         ("sampling.top_p: must be in (0, 1]", 422, "top_p", "invalid_value"),
-        ("prompt_token_ids: ids must be in [0, 100)", 422, "prompt", "invalid_value"),
+        ("token_ids: ids must be in [0, 100)", 422, "prompt", "invalid_value"),
+        ("messages[1].role: 'root' is not one of system, user", 422, "messages[1].role", "invalid_value"),
+        ("input: one of prompt, token_ids or messages is required", 422, None, "invalid_value"),
         ("sampling.max_tokens: prompt (60 tokens) + max_tokens (16) exceeds max_model_len (64)", 400, "max_tokens",
          "context_length_exceeded"),
         ("request_id: 'x' is already in flight", 409, "X-Request-Id", "duplicate_request_id"),
@@ -137,8 +139,9 @@ def test_upstream_status_maps_to_http(
     ],
 )  # fmt: skip
 def test_upstream_invalid_argument_names_the_field(
-    http: httpx.Client, details: str, status: int, param: str, code: str
+    http: httpx.Client, details: str, status: int, param: str | None, code: str
 ) -> None:
+    """The param is the body's name of the field the model server names (its trailing metadata)."""
     error = error_of(
         http.post(CHAT, json=chat_body(messages=[{"role": "user", "content": f"status:INVALID_ARGUMENT:{details}"}])),
         status,

@@ -82,10 +82,10 @@ def test_a_dropped_authorization_meets_the_upstreams_key_check(loop: LoopThread)
 def test_an_unexpected_error_is_500_without_internals(
     http: httpx.Client, gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def broken(*args: Any) -> int:
+    async def broken(*args: Any) -> Any:
         raise RuntimeError("Failed execute_batch: <grpc._cython.cygrpc.SendInitialMetadataOperation at 0x7f30>")
 
-    monkeypatch.setattr(gateway.server.app.state.upstream, "num_prompt_tokens", broken)
+    monkeypatch.setattr(gateway.server.app.state.upstream, "model_info", broken)
     error = error_of(http.post(CHAT, json=chat_body()), 500)
     assert error["code"] == "internal_error"
     assert "0x7f30" not in error["message"] and "RuntimeError" not in error["message"]

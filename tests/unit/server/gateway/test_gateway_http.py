@@ -14,7 +14,6 @@ import pytest
 from tests.unit.server.gateway.gateway_helpers import (
     CHAT,
     COMPLETIONS,
-    FAKE_MAX_MODEL_LEN,
     FAKE_MODEL,
     FakeInference,
     FakeUpstream,
@@ -72,8 +71,16 @@ def test_chat_messages_and_max_tokens(http: httpx.Client, fake: FakeInference) -
     # "developer" goes upstream as it is: the server reads it as the system role
     assert [(m.role, m.content) for m in request.messages.messages] == [("developer", "Be brief."), ("user", "Hi")]
     assert request.sampling.max_tokens == 2  # max_completion_tokens wins over the deprecated max_tokens
-    http.post(CHAT, json=chat_body())
-    assert fake.requests[-1].sampling.max_tokens == FAKE_MAX_MODEL_LEN - fake.num_prompt_tokens  # the room left
+    assert not request.sampling.max_tokens_from_context
+
+
+def test_a_chat_without_max_tokens_is_one_upstream_call(http: httpx.Client, fake: FakeInference) -> None:
+    """The model server fills in what the context leaves: no Tokenize round trip before the Generate."""
+    num_generates, num_tokenizes = len(fake.requests), fake.num_tokenize_calls
+    assert http.post(CHAT, json=chat_body()).status_code == 200
+    assert (len(fake.requests) - num_generates, fake.num_tokenize_calls - num_tokenizes) == (1, 0)
+    sampling = fake.requests[-1].sampling
+    assert sampling.max_tokens_from_context and not sampling.HasField("max_tokens")
 
 
 def test_request_id_passes_through(http: httpx.Client, fake: FakeInference) -> None:

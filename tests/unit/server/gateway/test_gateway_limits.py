@@ -12,13 +12,11 @@ import pytest
 
 from infer.server.gateway.guard import HttpLimits
 from tests.unit.server.gateway.gateway_helpers import (
-    CHAT,
     COMPLETIONS,
     FakeInference,
     FakeUpstream,
     LoopThread,
     RunningGateway,
-    chat_body,
     completion_body,
     error_of,
     running_gateway,
@@ -32,7 +30,7 @@ READ_TIMEOUT_S = 10  # a bound on every socket read: the server must answer long
 
 @pytest.fixture(scope="module")
 def limited(upstream: FakeUpstream, loop: LoopThread) -> Iterator[RunningGateway]:
-    with running_gateway(upstream.address, loop, limits=LIMITS, max_output_tokens=7) as gateway:
+    with running_gateway(upstream.address, loop, limits=LIMITS) as gateway:
         yield gateway
 
 
@@ -136,12 +134,3 @@ def test_the_metrics_port_times_out_like_the_others(upstream: FakeUpstream, loop
             sock.sendall(b"GET /metrics HTTP/1.1\r\n")
             assert _read_until_closed(sock).startswith(b"HTTP/1.0 408")
         assert "infer_gateway_requests_total" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-
-
-def test_a_chats_default_max_tokens_is_capped_by_the_servers_limit(
-    limited: RunningGateway, fake: FakeInference
-) -> None:
-    with httpx.Client(base_url=limited.url, timeout=30) as http:
-        assert http.post(CHAT, json=chat_body()).status_code == 200
-        assert http.post(CHAT, json=chat_body(max_tokens=3)).status_code == 200
-    assert [r.sampling.max_tokens for r in fake.requests] == [7, 3]

@@ -16,25 +16,25 @@ from infer.api import SERVICE_NAME, pb, pb_grpc
 from infer.server.gateway.upstream import Upstream
 
 
-class CountingTokenizer(pb_grpc.InferenceServiceServicer):
+class CountingServer(pb_grpc.InferenceServiceServicer):
     def __init__(self) -> None:
         self.num_calls = 0
         self.refuse = False  # answer UNAVAILABLE, as a server that is loading or draining does
         self.health = health.HealthServicer()
         self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
 
-    def Tokenize(self, request: pb.TokenizeRequest, context: Any) -> pb.TokenizeResponse:  # noqa: N802
+    def Generate(self, request: pb.GenerateRequest, context: Any) -> Iterator[pb.GenerateResponse]:  # noqa: N802
         self.num_calls += 1
         if self.refuse:
             context.abort(grpc.StatusCode.UNAVAILABLE, "not serving: the server is shutting down")
-        return pb.TokenizeResponse(token_ids=[1, 2])
+        yield pb.GenerateResponse(token_ids=[1, 2], finish_reason=pb.FINISH_REASON_LENGTH)
 
 
 @pytest.fixture
-def two_servers() -> Iterator[tuple[list[int], list[CountingTokenizer]]]:
+def two_servers() -> Iterator[tuple[list[int], list[CountingServer]]]:
     ports, servicers, servers = [], [], []
     for _ in range(2):
-        servicer = CountingTokenizer()
+        servicer = CountingServer()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_InferenceServiceServicer_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(servicer.health, server)
@@ -48,7 +48,7 @@ def two_servers() -> Iterator[tuple[list[int], list[CountingTokenizer]]]:
 
 
 def test_requests_are_spread_over_all_resolved_addresses(
-    two_servers: tuple[list[int], list[CountingTokenizer]],
+    two_servers: tuple[list[int], list[CountingServer]],
 ) -> None:
     """What a headless Service gives the separate gateway: one name, one address per model server pod."""
     ports, servicers = two_servers
@@ -59,7 +59,7 @@ def test_requests_are_spread_over_all_resolved_addresses(
     assert sum(counts) == 20 and min(counts) > 0, counts  # pick-first would send all 20 to one server
 
 
-def test_a_draining_server_gets_no_request(two_servers: tuple[list[int], list[CountingTokenizer]]) -> None:
+def test_a_draining_server_gets_no_request(two_servers: tuple[list[int], list[CountingServer]]) -> None:
     ports, (draining, other) = two_servers
     draining.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
     draining.refuse = True
@@ -68,7 +68,7 @@ def test_a_draining_server_gets_no_request(two_servers: tuple[list[int], list[Co
 
 
 def test_a_request_refused_unavailable_is_retried_on_another_server(
-    two_servers: tuple[list[int], list[CountingTokenizer]],
+    two_servers: tuple[list[int], list[CountingServer]],
 ) -> None:
     """A server still healthy a moment ago (its health watch not yet seen) that refuses: the call moves on."""
     ports, (refusing, other) = two_servers
@@ -78,11 +78,11 @@ def test_a_request_refused_unavailable_is_retried_on_another_server(
 
 
 async def _call_20_times(target: str) -> None:
-    """20 Tokenize calls through the gateway's upstream; each one must succeed."""
-    messages = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="Hi")])
+    """20 Generate calls through the gateway's upstream; each one must succeed."""
     upstream = Upstream(target, timeout_s=10)
     try:
         for _ in range(20):
-            assert await upstream.num_prompt_tokens(messages) == 2
+            responses = [r async for r in upstream.generate(pb.GenerateRequest(prompt="Hi"))]
+            assert [list(r.token_ids) for r in responses] == [[1, 2]]
     finally:
         await upstream.close()
