@@ -148,11 +148,20 @@ class InferClient:
 
 
 class GenerateStream:
-    """One Generate call, read message by message: `await read()` (None at its end); `cancel()` aborts the request
-    on the server (a no-op once the call ended). A failed call raises InferError."""
+    """One Generate call, read message by message: `await read()` (None at its end) or `async for`; `cancel()`
+    aborts the request on the server (a no-op once the call ended). A failed call raises InferError."""
 
     def __init__(self, call: Any) -> None:
         self._call = call  # grpc.aio.UnaryStreamCall; grpc ships no type stubs
+
+    def __aiter__(self) -> GenerateStream:
+        return self
+
+    async def __anext__(self) -> pb.GenerateResponse:
+        response = await self.read()
+        if response is None:
+            raise StopAsyncIteration
+        return response
 
     async def read(self) -> pb.GenerateResponse | None:
         try:

@@ -19,8 +19,6 @@ from infer.engine import (
     InvalidInput,
     ProcessedInput,
     QueueFullError,
-    SamplingParams,
-    ToolUse,
 )
 from infer.server import convert
 from infer.server.lifecycle import Lifecycle, NotServingError
