@@ -3,9 +3,12 @@ the reference is the bottleneck, the reference for the rest.
 
 - attention: fp32 and bf16 caches (no per-step plan: the kernel walks the block tables itself);
 - RMSNorm, residual-add + RMSNorm, RoPE: fp32 (bf16 stays on the reference, which rounds as transformers does);
-- `linear`: an int8 weight runs `int8_linear` (`int8.py` describes the packing); an fp32 weight at most
-  `SMALL_ROWS` rows (decode at batch 1-4) runs `small_linear`, a matrix-vector product that streams the
-  weight at memory speed where torch's GEMM reaches about a third of it; anything else `F.linear`.
+- `linear`: an int8 weight runs `int8_linear` (`int8.py` describes the packing); an fp32 or bf16 weight runs
+  `dense_linear` at any row count (without autograd); anything else `F.linear`.
+
+Batch invariance: every op here computes a row (a token) the same way whatever else is in the call, so a
+request's tokens never depend on its batch. torch's GEMM breaks that (it picks its kernel and its reduction
+split by row count, e.g. a matrix-vector path for one row), so no float linear goes through it.
 """
 
 from __future__ import annotations
@@ -21,17 +24,16 @@ from infer.kernels.interface import LinearWeight
 from infer.kernels.reference import ReferenceKernels, over_rows
 from infer.kernels.rotary import RotaryAngles
 
-SMALL_ROWS = 4  # rows up to which the compiled matrix-vector kernel runs (its register tile)
+DENSE_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def takes_small_linear(x: torch.Tensor, weight: torch.Tensor) -> bool:  # x: [rows, in_features]
-    """Whether `small_linear` takes these: a few fp32 rows, rows of the weight contiguous, no autograd."""
+def takes_dense_linear(x: torch.Tensor, weight: torch.Tensor) -> bool:  # x: [rows, in_features]
+    """Whether `dense_linear` takes these: fp32 or bf16 (x and weight alike), weight rows contiguous, no autograd."""
     return (
-        x.shape[0] <= SMALL_ROWS
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
+        x.dtype in DENSE_DTYPES
+        and weight.dtype == x.dtype
         and weight.stride(-1) == 1
-        and not (torch.is_grad_enabled() and weight.requires_grad)  # NOTE: the custom op has no backward
+        and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))  # NOTE: no backward
     )
 
 
@@ -89,6 +91,6 @@ class CompiledCpuKernels(ReferenceKernels):
                 x2, weight.packed, weight.scale, bias, weight.out_features
             )
             return over_rows(x, weight.out_features, y)
-        if takes_small_linear(x2, weight):
-            return over_rows(x, weight.shape[0], torch.ops.infer_cpu.small_linear(x2, weight, bias))
+        if takes_dense_linear(x2, weight):
+            return over_rows(x, weight.shape[0], torch.ops.infer_cpu.dense_linear(x2, weight, bias))
         return super().linear(x, weight, bias)

@@ -11,6 +11,8 @@
 //   all row tiles.
 // - elsewhere: the strip is expanded to fp32 [K][16] and rows accumulate in
 //   fp32 (plain loops, vectorised by the compiler).
+// Both are batch invariant: a row's sums run in one order whatever the number
+// of rows in the call (tests/unit/kernels/test_batch_invariance.py).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -30,6 +32,7 @@ namespace {
 
 constexpr int64_t kStrip = 16;   // output channels per strip
 constexpr int64_t kMaxRows = 8;  // rows per register tile
+constexpr int kChains = 2;       // accumulators per (row, channel)
 
 struct Problem {
   int64_t M, N, K;          // K even (the packer pads)
@@ -56,35 +59,45 @@ inline __m512bh int8x32_to_bf16(const int8_t* src) {
   return _mm512_cvtne2ps_pbh(hi, lo);
 }
 
-// R rows of x (bf16 pairs, [rows][K / 2] uint32) against one strip. With few rows, U independent
-// accumulators per row (k pairs taken round-robin) hide vdpbf16ps's latency: one chain of dependent
-// dot products ran at a third of the memory bandwidth at batch 1.
-template <int R, bool kScratch>
+// R rows of x (bf16 pairs, [rows][K / 2] uint32) against S strips side by side (S > 1: one row only).
+// Every (row, channel) sums its k pairs in kChains accumulators taken round-robin, the last odd pairs in
+// the first, then adds them in order: the same order for any R and S, so a row's result never depends on
+// how many rows share the call (batch invariance). Latency: one chain of dependent vdpbf16ps ran at a
+// third of the memory bandwidth at batch 1; one row therefore walks two strips at once (4 chains).
+template <int R, int S, bool kScratch>
 void tile_bf16(const Problem& P, const void* strip, const uint32_t* xb, int64_t m0, int64_t n0) {
-  constexpr int U = R == 1 ? 4 : 2;
-  __m512 acc[U][R];
-  for (int u = 0; u < U; ++u)
-    for (int r = 0; r < R; ++r) acc[u][r] = _mm512_setzero_ps();
-  const int64_t pairs = P.K / 2;
+  static_assert(S == 1 || (R == 1 && !kScratch), "several strips side by side: one row, no scratch");
+  __m512 acc[S][kChains][R];
+  for (int s = 0; s < S; ++s)
+    for (int u = 0; u < kChains; ++u)
+      for (int r = 0; r < R; ++r) acc[s][u][r] = _mm512_setzero_ps();
+  const int64_t pairs = P.K / 2, strip_bytes = P.K * kStrip;
   auto step = [&](int u, int64_t kp) {
-    const __m512bh w = kScratch ? reinterpret_cast<const __m512bh*>(strip)[kp]
-                                : int8x32_to_bf16(static_cast<const int8_t*>(strip) + kp * 32);
+    __m512bh w[S];
+    for (int s = 0; s < S; ++s) {
+      w[s] = kScratch ? reinterpret_cast<const __m512bh*>(strip)[kp]
+                      : int8x32_to_bf16(static_cast<const int8_t*>(strip) + s * strip_bytes + kp * 32);
+    }
     for (int r = 0; r < R; ++r) {
       const __m512i x = _mm512_set1_epi32(static_cast<int>(xb[(m0 + r) * pairs + kp]));
-      acc[u][r] = _mm512_dpbf16_ps(acc[u][r], reinterpret_cast<const __m512bh&>(x), w);
+      for (int s = 0; s < S; ++s) {
+        acc[s][u][r] = _mm512_dpbf16_ps(acc[s][u][r], reinterpret_cast<const __m512bh&>(x), w[s]);
+      }
     }
   };
   int64_t kp = 0;
-  for (; kp + U <= pairs; kp += U) {
-    for (int u = 0; u < U; ++u) step(u, kp + u);
+  for (; kp + kChains <= pairs; kp += kChains) {
+    for (int u = 0; u < kChains; ++u) step(u, kp + u);
   }
   for (; kp < pairs; ++kp) step(0, kp);
   alignas(64) float out[kStrip];
-  for (int r = 0; r < R; ++r) {
-    __m512 sum = acc[0][r];
-    for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[u][r]);
-    _mm512_store_ps(out, sum);
-    store_row(P, m0 + r, n0, out);
+  for (int s = 0; s < S; ++s) {
+    for (int r = 0; r < R; ++r) {
+      __m512 sum = acc[s][0][r];
+      for (int u = 1; u < kChains; ++u) sum = _mm512_add_ps(sum, acc[s][u][r]);
+      _mm512_store_ps(out, sum);
+      store_row(P, m0 + r, n0 + s * kStrip, out);
+    }
   }
 }
 
@@ -92,29 +105,39 @@ template <bool kScratch>
 void rows_bf16(const Problem& P, const void* strip, const uint32_t* xb, int64_t n0) {
   for (int64_t m0 = 0; m0 < P.M; m0 += kMaxRows) {
     switch (std::min(kMaxRows, P.M - m0)) {
-      case 8: tile_bf16<8, kScratch>(P, strip, xb, m0, n0); break;
-      case 7: tile_bf16<7, kScratch>(P, strip, xb, m0, n0); break;
-      case 6: tile_bf16<6, kScratch>(P, strip, xb, m0, n0); break;
-      case 5: tile_bf16<5, kScratch>(P, strip, xb, m0, n0); break;
-      case 4: tile_bf16<4, kScratch>(P, strip, xb, m0, n0); break;
-      case 3: tile_bf16<3, kScratch>(P, strip, xb, m0, n0); break;
-      case 2: tile_bf16<2, kScratch>(P, strip, xb, m0, n0); break;
-      default: tile_bf16<1, kScratch>(P, strip, xb, m0, n0); break;
+      case 8: tile_bf16<8, 1, kScratch>(P, strip, xb, m0, n0); break;
+      case 7: tile_bf16<7, 1, kScratch>(P, strip, xb, m0, n0); break;
+      case 6: tile_bf16<6, 1, kScratch>(P, strip, xb, m0, n0); break;
+      case 5: tile_bf16<5, 1, kScratch>(P, strip, xb, m0, n0); break;
+      case 4: tile_bf16<4, 1, kScratch>(P, strip, xb, m0, n0); break;
+      case 3: tile_bf16<3, 1, kScratch>(P, strip, xb, m0, n0); break;
+      case 2: tile_bf16<2, 1, kScratch>(P, strip, xb, m0, n0); break;
+      default: tile_bf16<1, 1, kScratch>(P, strip, xb, m0, n0); break;
     }
   }
 }
 
-void run_bf16(const Problem& P, const float* x) {
-  // x -> bf16 pairs (round to nearest even), [M][K / 2] uint32
+// x -> bf16 pairs (round to nearest even), [M][K / 2] uint32, row by row
+// NOTE: each row vectorised alike (its tail in scalar code): over the flat [M * K] the vector/scalar
+// split fell at a place that moved with M, and the two round a subnormal differently
+std::vector<uint32_t> to_bf16_pairs(const Problem& P, const float* x) {
   std::vector<uint32_t> xb(P.M * P.K / 2);
-  auto* xb16 = reinterpret_cast<__m256i*>(xb.data());
-  const int64_t total = P.M * P.K, vec_end = total / 16 * 16;
-  for (int64_t i = 0; i < vec_end; i += 16) {
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
-    _mm256_storeu_si256(xb16 + i / 16, reinterpret_cast<const __m256i&>(h));
-  }
   auto* bits = reinterpret_cast<uint16_t*>(xb.data());
-  for (int64_t i = vec_end; i < total; ++i) bits[i] = c10::BFloat16(x[i]).x;
+  const int64_t vec_end = P.K / 16 * 16;
+  for (int64_t m = 0; m < P.M; ++m) {
+    const float* row = x + m * P.K;
+    uint16_t* out = bits + m * P.K;
+    for (int64_t k = 0; k < vec_end; k += 16) {
+      const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(row + k));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), reinterpret_cast<const __m256i&>(h));
+    }
+    for (int64_t k = vec_end; k < P.K; ++k) out[k] = c10::BFloat16(row[k]).x;
+  }
+  return xb;
+}
+
+void run_bf16(const Problem& P, const float* x) {
+  const std::vector<uint32_t> xb = to_bf16_pairs(P, x);
   const int64_t num_strips = (P.N + kStrip - 1) / kStrip, strip_bytes = P.K * kStrip;
   at::parallel_for(0, num_strips, 1, [&](int64_t begin, int64_t end) {
     std::vector<__m512bh> scratch(P.K / 2);
@@ -123,6 +146,9 @@ void run_bf16(const Problem& P, const float* x) {
       if (P.M > kMaxRows) {  // several row tiles: expand the strip once for all of them
         for (int64_t kp = 0; kp < P.K / 2; ++kp) scratch[kp] = int8x32_to_bf16(strip + kp * 32);
         rows_bf16<true>(P, scratch.data(), xb.data(), s * kStrip);
+      } else if (P.M == 1 && s + 1 < end) {  // one row: two strips at once
+        tile_bf16<1, 2, false>(P, strip, xb.data(), 0, s * kStrip);
+        ++s;
       } else {
         rows_bf16<false>(P, strip, xb.data(), s * kStrip);
       }
