@@ -115,4 +115,4 @@ def load_model(model_dir: str | Path, config: EngineConfig | None = None, kernel
     with torch.device("cpu"):
         model = CausalLM(cfg, backend, max_positions=max_model_len)
     _load_weights(model, files)
-    return model.to_device(torch.device(config.device), config.torch_dtype).eval().quantize(config.quantization)
+    return model.to_device(torch.device(config.device), config.torch_dtype).eval().quantize(config.quantization).fuse()

@@ -5,17 +5,19 @@ the reference is the bottleneck, the reference for the rest.
 - RMSNorm, residual-add + RMSNorm, RoPE: fp32 (bf16 stays on the reference, which rounds as transformers does);
 - `linear`: an int8 weight runs `int8_linear` (`int8.py` describes the packing); an fp32 weight at most
   `SMALL_ROWS` rows (decode at batch 1-4) runs `small_linear`, a matrix-vector product that streams the
-  weight at memory speed where torch's GEMM reaches about a third of it; anything else `F.linear`.
+  weight at memory speed where torch's GEMM reaches about a third of it; anything else `F.linear`;
+- the fused decoder stack (`fused.py`) for fp32 models: the same kernels, every layer in one C++ call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
 from infer.kernels import cpu
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
+from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights, fusable
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.interface import LinearWeight
 from infer.kernels.reference import ReferenceKernels, over_rows
@@ -92,3 +94,8 @@ class CompiledCpuKernels(ReferenceKernels):
         if takes_small_linear(x2, weight):
             return over_rows(x, weight.shape[0], torch.ops.infer_cpu.small_linear(x2, weight, bias))
         return super().linear(x, weight, bias)
+
+    def fuse_decoder(self, shape: DecoderShape, layers: Sequence[LayerWeights]) -> FusedDecoder | None:
+        if self.dtype != torch.float32 or not fusable(shape, layers):
+            return None
+        return FusedDecoder(shape, layers)
