@@ -1,6 +1,6 @@
 """Load a Hugging Face model directory: `load_model` reads `config.json` once, chooses the kernel backend for the
-device and dtype, builds the model, fills it from the safetensors weights (one file or sharded), places it and
-quantizes it."""
+device and dtype, builds the model, fills it from the safetensors weights (one file or sharded), places it,
+quantizes it and hands its layers to the backend's fused stack where there is one."""
 
 from __future__ import annotations
 

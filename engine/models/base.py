@@ -9,6 +9,7 @@ attention metadata are passed in, never global.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -167,7 +168,7 @@ class CausalLM(nn.Module):
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.sandwich_norm,
             cfg.hidden_act == "gelu_pytorch_tanh", tuple(self.rope_caches),
         )  # fmt: skip
-        layers = [layer.weights(self.rope_index[i]) for i, layer in enumerate(self.layers)]
+        layers = [cast(DecoderLayer, layer).weights(self.rope_index[i]) for i, layer in enumerate(self.layers)]
         self.fused = self.kernels.fuse_decoder(shape, layers)
         return self
 
