@@ -62,9 +62,11 @@ class LayerWeights:
         return self.qkv, self.o, self.gate_up, self.down
 
 
-def _weight_format(weight: LinearWeight) -> int | None:
+def _weight_format(weight: object) -> int | None:  # object: a format added to LinearWeight but not here
     if isinstance(weight, Int8Weight):
         return FORMATS[Int8Weight]
+    if not isinstance(weight, torch.Tensor):  # a packed format the stack does not know: the model runs op by op
+        return None
     if weight.dtype == torch.float32 and weight.is_contiguous() and not weight.requires_grad:
         return FORMATS[torch.Tensor]
     return None

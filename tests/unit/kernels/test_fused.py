@@ -64,6 +64,12 @@ def test_backends_without_a_stack_and_models_it_does_not_take_run_op_by_op(tmp_p
     model_dir = make_tiny_model("llama", tmp_path / "llama")
     assert load_model(model_dir, kernels="torch").fused is None  # the reference has no fused stack
     assert load_model(model_dir, EngineConfig(dtype="bfloat16"), "cpu").fused is None  # fp32 only
+    model = load_model(model_dir, kernels="cpu")
+    assert model.fused is not None
+    down = model.layers[1].mlp.down_proj
+    del down.weight  # NOTE: as Linear.quantize does: a packed weight is no parameter
+    down.weight = object()  # a packed format the stack does not know (int4 until it is added)
+    assert model.fuse().fused is None
 
 
 def test_the_stack_lets_other_python_threads_run(tmp_path: Path) -> None:
