@@ -1,6 +1,6 @@
 """Load a Hugging Face model directory: `load_model` reads `config.json` once, chooses the kernel backend for the
-device and dtype, builds the model, fills it from the safetensors weights (one file or sharded), places it and
-quantizes it."""
+device and dtype, builds the model, fills it from the safetensors weights (one file or sharded), places it,
+quantizes it and hands its layers to the backend's fused stack where there is one."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def load_model(model_dir: str | Path, config: EngineConfig | None = None, kernel
     with torch.device("cpu"):
         model = CausalLM(cfg, backend, max_positions=max_model_len)
     _load_weights(model, files)
-    return model.to_device(torch.device(config.device), config.torch_dtype).eval().quantize(config.quantization)
+    return model.to_device(torch.device(config.device), config.torch_dtype).eval().quantize(config.quantization).fuse()
 
 
 def resolve_model_dir(model: str | None) -> Path:

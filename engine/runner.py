@@ -34,10 +34,32 @@ def kv_cache_bytes_per_block(model: CausalLM, block_size: int, dtype: torch.dtyp
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * element_bytes
 
 
+class StepBuffers:
+    """Host buffers for a step's integer inputs, reused step after step (grown when a step needs more): a step
+    fills two of them from Python lists instead of making a tensor per input."""
+
+    def __init__(self) -> None:
+        self.longs = torch.empty(0, dtype=torch.int64)
+        self.ints = torch.empty(0, dtype=torch.int32)
+
+    def fill(
+        self, longs: list[int], ints: list[int], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [len(longs)] int64, [len(ints)] int32 on `device`
+        if len(longs) > self.longs.numel():
+            self.longs = torch.empty(2 * len(longs), dtype=torch.int64)
+        if len(ints) > self.ints.numel():
+            self.ints = torch.empty(2 * len(ints), dtype=torch.int32)
+        self.longs.numpy()[: len(longs)] = longs
+        self.ints.numpy()[: len(ints)] = ints
+        # NOTE: another device gets copies (made before the next step refills the buffers)
+        return self.longs[: len(longs)].to(device), self.ints[: len(ints)].to(device)
+
+
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int) -> None:
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
         self.kernels = model.kernels
+        self.buffers = StepBuffers()
         self.sliding_windows = frozenset(model.sliding_windows)
         cfg, weight = model.cfg, model.embed_tokens
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
@@ -49,7 +71,8 @@ class ModelRunner:
         ]  # fmt: skip
 
     def prepare(self, work: Sequence[SeqWork]) -> tuple[StepInput, torch.Tensor]:
-        """Flat inputs for the step, and the row of each token that samples."""
+        """Flat inputs for the step, and the row of each token that samples (views of reused buffers: valid
+        until the next `prepare`)."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -62,33 +85,37 @@ class ModelRunner:
         query_lens = tuple(len(w.token_ids) for w in work)
         context_lens = tuple(w.start_pos + len(w.token_ids) for w in work)
         max_blocks = max(len(w.block_table) for w in work)
-        tables = [list(w.block_table) + [0] * (max_blocks - len(w.block_table)) for w in work]
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
-        dev = self.device
+        # each request's last num_logits positions (1, or its newest token and its speculative drafts)
+        sample_rows = [end - j for w, end in zip(work, starts[1:], strict=True) if w.needs_logits
+                       for j in range(w.num_logits, 0, -1)]  # fmt: skip
+        ints = [*starts, *context_lens]
+        for w in work:
+            ints.extend(w.block_table)
+            ints.extend([0] * (max_blocks - len(w.block_table)))  # padded to the longest table
+        longs_t, ints_t = self.buffers.fill(ids + positions + slots + sample_rows, ints, self.device)
+        n, num_seqs = len(ids), len(work)
         plain = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),
+            slot_mapping=longs_t[2 * n : 3 * n],
+            block_tables=ints_t[2 * num_seqs + 1 :].view(num_seqs, max_blocks),
+            query_start_loc=ints_t[: num_seqs + 1],
+            seq_lens=ints_t[num_seqs + 1 : 2 * num_seqs + 1],
             query_lens=query_lens,
             context_lens=context_lens,
         )
         # the backend's per-step work, once for all layers (the reference attention's plan)
         attn = self.kernels.prepare_attention(plain, self.kv_caches[0][0], self.sliding_windows)
-        positions_t = torch.tensor(positions, dtype=torch.int64, device=dev)
+        positions_t = longs_t[n : 2 * n]
         step = StepInput(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            input_ids=longs_t[:n],
             positions=positions_t,
             attn=attn,
             rope=self.model.rope_angles(positions_t),
             kv_caches=self.kv_caches,
         )
-        # each request's last num_logits positions (1, or its newest token and its speculative drafts)
-        sample_rows = [end - j for w, end in zip(work, starts[1:], strict=True) if w.needs_logits
-                       for j in range(w.num_logits, 0, -1)]  # fmt: skip
-        return step, torch.tensor(sample_rows, dtype=torch.int64, device=dev)
+        return step, longs_t[3 * n :]
 
     @torch.inference_mode()
     def execute(self, work: Sequence[SeqWork]) -> torch.Tensor:  # [num_sampling, vocab] fp32

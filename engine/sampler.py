@@ -1,12 +1,14 @@
 """Batched sampling on the device: grammar masks, penalties, temperature, top-k, top-p, min-p, seeds, logprobs.
 
-Greedy rows take the argmax. Sampled rows draw with the exponential-race trick
+Greedy rows take the argmax (a step of only plain greedy rows takes nothing else: no copy of the
+logits, no per-row passes). Sampled rows draw with the exponential-race trick
 (argmax of probs / Exp(1) noise), so a request with a seed draws its noise
 from its own generator and gets the same tokens whatever else is in the batch.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -112,6 +114,18 @@ def _logprobs(logprobs: torch.Tensor, token_ids: list[int], rows: Sequence[Sampl
     return out
 
 
+def _finite(logits: torch.Tensor) -> bool:
+    """No NaN or inf anywhere: one pass (a NaN makes both bounds NaN, an inf makes one of them inf)."""
+    low, high = torch.aminmax(logits)
+    return math.isfinite(float(low)) and math.isfinite(float(high))
+
+
+def _plain_greedy(row: SamplingRow) -> bool:
+    """A row whose token is the argmax of its logits as they are: greedy, no penalties, bans or logprobs."""
+    p = row.params
+    return p.is_greedy and not p.has_penalties and not row.banned_token_ids and p.logprobs is None
+
+
 class Sampler:
     def __init__(self, seed: int, device: torch.device) -> None:
         self.generator = torch.Generator(device=device)
@@ -123,8 +137,10 @@ class Sampler:
         """logits: [num_rows, vocab] fp32, one row per request that samples this step; `mask`: the tokens
         the constrained rows' grammars allow (applied first, so every later step sees only those)."""
         assert logits.shape[0] == len(rows)
-        if not bool(torch.isfinite(logits).all()):
+        if logits.numel() and not _finite(logits):
             raise FloatingPointError("the model's logits are not finite (NaN or inf)")
+        if mask is None and all(_plain_greedy(r) for r in rows):
+            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(rows))
         logits = logits.clone()
         if mask is not None:
             apply_bitmask(logits, mask)

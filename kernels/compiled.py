@@ -4,7 +4,8 @@ the reference is the bottleneck, the reference for the rest.
 - attention: fp32 and bf16 caches (no per-step plan: the kernel walks the block tables itself);
 - RMSNorm, residual-add + RMSNorm, RoPE: fp32 (bf16 stays on the reference, which rounds as transformers does);
 - `linear`: an int8 weight runs `int8_linear` (`int8.py` describes the packing); an fp32 or bf16 weight runs
-  `dense_linear` at any row count (without autograd); anything else `F.linear`.
+  `dense_linear` at any row count (without autograd); anything else `F.linear`;
+- the fused decoder stack (`fused.py`) for fp32 models: the same kernels, every layer in one C++ call.
 
 Batch invariance: every op here computes a row (a token) the same way whatever else is in the call, so a
 request's tokens never depend on its batch. torch's GEMM breaks that (it picks its kernel and its reduction
@@ -13,12 +14,13 @@ split by row count, e.g. a matrix-vector path for one row), so no float linear g
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
 from infer.kernels import cpu
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
+from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights, fusable
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.interface import LinearWeight
 from infer.kernels.reference import ReferenceKernels, over_rows
@@ -94,3 +96,8 @@ class CompiledCpuKernels(ReferenceKernels):
         if takes_dense_linear(x2, weight):
             return over_rows(x, weight.shape[0], torch.ops.infer_cpu.dense_linear(x2, weight, bias))
         return super().linear(x, weight, bias)
+
+    def fuse_decoder(self, shape: DecoderShape, layers: Sequence[LayerWeights]) -> FusedDecoder | None:
+        if self.dtype != torch.float32 or not fusable(shape, layers):
+            return None
+        return FusedDecoder(shape, layers)

@@ -16,14 +16,17 @@ take (a bf16 RMSNorm on the CPU, an int8 weight under Triton).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from typing import ClassVar
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.rotary import RotaryAngles
+
+if TYPE_CHECKING:
+    from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights
 
 # a linear layer's weight: float [out_features, in_features], or a packed format a backend's `linear` reads
 # (int8 now; a new format is one more member here, a case in `quantize` and in `linear`)
@@ -115,3 +118,9 @@ class Kernels(ABC):
     @abstractmethod
     def quantize(self, weight: torch.Tensor, method: str) -> LinearWeight:  # weight: [out_features, in_features]
         """`weight` in the packed format of `method` (int8), as this backend's `linear` reads it."""
+
+    # per model
+    def fuse_decoder(self, shape: DecoderShape, layers: Sequence[LayerWeights]) -> FusedDecoder | None:
+        """Once, at load: every decoder layer as one call (`fused.py`), or None where this backend has no
+        fused stack or it does not take these layers; the model then runs its layers op by op."""
+        return None

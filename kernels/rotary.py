@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -56,17 +57,21 @@ def cos_sin_cache(rope: RopeConfig, max_positions: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class RotaryAngles:
-    """One RoPE table looked up at a step's positions, once per step: every layer using the table shares it."""
+    """One RoPE table at a step's positions, once per step: every layer using the table shares it."""
 
     positions: torch.Tensor  # [num_tokens] int64
     cache: torch.Tensor  # [max_positions, rotary_dim] from cos_sin_cache
-    cos: torch.Tensor  # [num_tokens, 1, rotary_dim]: (cos, cos)
-    sin: torch.Tensor  # [num_tokens, 1, rotary_dim]: (-sin, sin), to rotate with one multiply-add
 
     @classmethod
     def lookup(cls, positions: torch.Tensor, cache: torch.Tensor) -> RotaryAngles:
-        cos, sin = cache[positions].unsqueeze(1).chunk(2, dim=-1)
-        return cls(positions, cache, torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1))
+        return cls(positions, cache)
+
+    @functools.cached_property
+    def cos_sin(self) -> tuple[torch.Tensor, torch.Tensor]:  # [num_tokens, 1, rotary_dim] each
+        """(cos, cos) and (-sin, sin) at the positions, to rotate with one multiply-add; looked up on first use
+        (NOTE: only the reference rotates with them: the compiled and Triton kernels read the table)."""
+        cos, sin = self.cache[self.positions].unsqueeze(1).chunk(2, dim=-1)
+        return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
 def apply_rotary_ref(
@@ -93,7 +98,7 @@ def _rotate(
     x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     angles: RotaryAngles,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    cos, sin = angles.cos, angles.sin  # [num_tokens, 1, rotary_dim] each
+    cos, sin = angles.cos_sin  # [num_tokens, 1, rotary_dim] each
     rotary_dim = angles.cache.shape[-1]
     rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
     x1, x2 = rot.chunk(2, dim=-1)

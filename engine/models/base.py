@@ -9,6 +9,7 @@ attention metadata are passed in, never global.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,7 @@ from torch import nn
 from infer.engine.model_config import ModelConfig
 from infer.engine.models.layers import Linear, RMSNorm, empty_param
 from infer.kernels import AttentionMetadata, AttentionSpec, Kernels, RotaryAngles, cos_sin_cache
+from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,19 @@ class DecoderLayer(nn.Module):
         ffn: torch.Tensor = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(residual)))
         return residual + ffn
 
+    def weights(self, rope: int) -> LayerWeights:
+        """This layer as the kernels' fused stack takes it; `rope`: its RoPE table's index."""
+        attn, mlp = self.self_attn, self.mlp
+        pre_ffn = self.pre_feedforward_layernorm.weight if self.sandwich else None
+        post_ffn = self.post_feedforward_layernorm.weight if self.sandwich else None
+        return LayerWeights(
+            self.input_layernorm.weight, self.post_attention_layernorm.weight, attn.qkv_proj.weight,
+            attn.qkv_proj.bias, attn.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight, attn.spec, rope,
+            q_norm=attn.q_norm.weight if attn.q_norm is not None else None,
+            k_norm=attn.k_norm.weight if attn.k_norm is not None else None,
+            pre_ffn_norm=pre_ffn, post_ffn_norm=post_ffn,
+        )  # fmt: skip
+
 
 class CausalLM(nn.Module):
     """Embeddings, decoder layers, final norm and LM head; HF-compatible parameter names."""
@@ -129,6 +144,7 @@ class CausalLM(nn.Module):
         self.rope_index = [ropes.index(r) for r in cfg.ropes]
         num_positions = max_positions or cfg.max_position_embeddings
         self.rope_caches = [cos_sin_cache(r, num_positions) for r in ropes]
+        self.fused: FusedDecoder | None = None  # the kernels' fused stack over the layers (`fuse`)
 
     def to_device(self, device: torch.device, dtype: torch.dtype) -> CausalLM:
         self.to(device=device, dtype=dtype)
@@ -144,6 +160,18 @@ class CausalLM(nn.Module):
                     module.quantize(method)
         return self
 
+    def fuse(self) -> CausalLM:
+        """Once the weights are placed and packed: hand the layers to the kernels' fused stack, where the
+        backend has one that takes them (`Kernels.fuse_decoder`); `forward` then runs them in one call."""
+        cfg = self.cfg
+        shape = DecoderShape(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.sandwich_norm,
+            cfg.hidden_act == "gelu_pytorch_tanh", tuple(self.rope_caches),
+        )  # fmt: skip
+        layers = [cast(DecoderLayer, layer).weights(self.rope_index[i]) for i, layer in enumerate(self.layers)]
+        self.fused = self.kernels.fuse_decoder(shape, layers)
+        return self
+
     @property
     def sliding_windows(self) -> tuple[int | None, ...]:
         """The attention window of every layer (None = global)."""
@@ -157,8 +185,11 @@ class CausalLM(nn.Module):
         x = F.embedding(step.input_ids, self.embed_tokens)
         if self.cfg.embed_scale != 1.0:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, step, step.rope[self.rope_index[i]], step.kv_caches[i])
+        if self.fused is not None:
+            x = self.fused(x, step.positions, step.attn, step.kv_caches)
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, step, step.rope[self.rope_index[i]], step.kv_caches[i])
         hidden: torch.Tensor = self.norm(x)
         return hidden
 

@@ -130,9 +130,26 @@ def test_a_banned_token_has_the_floor_logprob_not_minus_infinity() -> None:
     assert sorted(v for _, v in lp.top)[:4] == [LOGPROB_FLOOR] * 4
 
 
-def test_logits_that_are_not_finite_are_refused() -> None:
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logits_that_are_not_finite_are_refused(bad: float, temperature: float) -> None:
+    logits = torch.zeros(3, 1000)
+    logits[1, 617] = bad  # one value in the middle row
     with pytest.raises(FloatingPointError, match="not finite"):
-        Sampler(0, torch.device("cpu"))(torch.tensor([[1.0, float("nan")]]), [row(temperature=0.0)])
+        Sampler(0, torch.device("cpu"))(logits, [row(temperature=temperature)] * 3)
+
+
+def test_plain_greedy_rows_take_the_argmax_beside_rows_that_need_more() -> None:
+    logits = torch.tensor([[0.0, 5.0, 1.0, 2.0], [3.0, 1.0, 0.0, 2.5], [1.0, 0.0, 4.0, 3.9]])
+    kept = logits.clone()
+    sampler = Sampler(0, torch.device("cpu"))
+    assert sampler(logits, [row(temperature=0.0)] * 3).token_ids == [1, 0, 2]  # all plain greedy
+    # beside a banned token, a penalty and logprobs, each row gets what it asked for
+    banned = SamplingRow(SamplingParams(temperature=0.0), (), (), None, (0,))
+    rows = [row(temperature=0.0), banned, row((2,), temperature=0.0, repetition_penalty=2.0, logprobs=1)]
+    out = sampler(logits, rows)
+    assert out.token_ids == [1, 3, 3] and out.logprobs[:2] == [None, None] and out.logprobs[2] is not None
+    assert torch.equal(logits, kept)  # the caller's logits are never changed
 
 
 def _mask(allowed: dict[int, list[int]], num_rows: int, vocab: int) -> TokenBitmask:

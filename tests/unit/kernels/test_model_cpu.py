@@ -29,6 +29,7 @@ def test_greedy_tokens_match_the_reference_path(arch: str, tmp_path: Path, monke
 
     monkeypatch.setattr(cpu, "paged_attention", counted)
     model = load_model(model_dir, kernels="cpu")
+    model.fused = None  # the per-op path (tests/unit/kernels/test_fused.py: the fused stack gives its logits)
     tokens, logits = greedy_mixed_steps(model)
     assert len(calls) == 4 * model.cfg.num_layers  # the compiled kernel ran, every step, every layer
     assert tokens == expected_tokens and [len(t) for t in tokens] == [4, 3]

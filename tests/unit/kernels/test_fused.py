@@ -1,0 +1,102 @@
+"""The compiled backend's fused decoder stack: the per-op path's logits, bit for bit, in one call a step."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from infer.engine.config import EngineConfig
+from infer.engine.loader import load_model
+from infer.engine.models import CausalLM
+from infer.engine.runner import ModelRunner, SeqWork
+from tests.helpers.compiled import require_compiled_kernels
+from tests.helpers.mixed_steps import greedy_mixed_steps
+from tests.helpers.tiny_models import ARCHS, make_tiny_model
+
+
+def per_op(model: CausalLM) -> CausalLM:
+    """The model with its layers run op by op from now on (its fused stack dropped)."""
+    model.fused = None
+    return model
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_logits_equal_the_per_op_path_bit_for_bit(arch: str, quantization: str, tmp_path: Path) -> None:
+    require_compiled_kernels()
+    model = load_model(make_tiny_model(arch, tmp_path / arch), EngineConfig(quantization=quantization), "cpu")
+    assert model.fused is not None  # Llama, Qwen3's q/k norms, Gemma 3's sandwich norms and windows: all fused
+    # prefill chunks, decode tokens beside a prefill chunk, then decode only
+    tokens, logits = greedy_mixed_steps(model)
+    expected_tokens, expected_logits = greedy_mixed_steps(per_op(model))  # NOTE: after the fused run
+    assert tokens == expected_tokens
+    assert torch.equal(logits, expected_logits)
+
+
+def test_the_default_model_decodes_a_batch_with_the_per_op_logits(default_model_dir: Path) -> None:
+    require_compiled_kernels()
+    model = load_model(default_model_dir, EngineConfig(max_model_len=256), "cpu")
+    assert model.fused is not None
+    prompts = [list(range(100 + i, 140 + 3 * i)) for i in range(3)]  # 40, 43, 46 tokens
+
+    def run(m: CausalLM) -> torch.Tensor:
+        runner = ModelRunner(m, num_blocks=16, block_size=16)
+        tables = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+        runner.execute([SeqWork(p, 0, t, True) for p, t in zip(prompts, tables, strict=True)])
+        # decode: one token each (a batch of 3); then 5 rows, two of them a chunk
+        decode = runner.execute([SeqWork([7], len(p), t, True) for p, t in zip(prompts, tables, strict=True)])
+        mixed = runner.execute(
+            [SeqWork([8], len(prompts[0]) + 1, tables[0], True), SeqWork([9, 10, 11, 12], len(prompts[1]) + 1,
+             tables[1], True)]
+        )  # fmt: skip
+        return torch.cat([decode, mixed])
+
+    fused = run(model)
+    assert torch.equal(fused, run(per_op(model)))
+
+
+def test_backends_without_a_stack_and_models_it_does_not_take_run_op_by_op(tmp_path: Path) -> None:
+    require_compiled_kernels()
+    model_dir = make_tiny_model("llama", tmp_path / "llama")
+    assert load_model(model_dir, kernels="torch").fused is None  # the reference has no fused stack
+    assert load_model(model_dir, EngineConfig(dtype="bfloat16"), "cpu").fused is None  # fp32 only
+    model = load_model(model_dir, kernels="cpu")
+    assert model.fused is not None
+    down = model.layers[1].mlp.down_proj
+    del down.weight  # NOTE: as Linear.quantize does: a packed weight is no parameter
+    down.weight = object()  # a packed format the stack does not know (int4 until it is added)
+    assert model.fuse().fused is None
+
+
+def test_the_stack_lets_other_python_threads_run(tmp_path: Path) -> None:
+    require_compiled_kernels()
+    model = load_model(make_tiny_model("llama", tmp_path / "llama", hidden_size=512, intermediate_size=2048,
+                                       num_hidden_layers=8), kernels="cpu")  # fmt: skip
+    assert model.fused is not None
+    runner = ModelRunner(model, num_blocks=64, block_size=16)
+    ticks = 0
+    done = threading.Event()
+
+    def tick() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            time.sleep(0)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        step, _ = runner.prepare([SeqWork(list(range(3, 120)) * 2, 0, list(range(16)), True)])
+        x = torch.randn(step.input_ids.shape[0], 512)
+        with torch.inference_mode():
+            before = ticks
+            model.fused(x, step.positions, step.attn, step.kv_caches)
+            during = ticks - before
+    finally:
+        done.set()
+        ticker.join()
+    assert during > 0  # NOTE: the GIL is released for the whole stack, as for any torch op
