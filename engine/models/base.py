@@ -17,8 +17,16 @@ from torch import nn
 
 from infer.engine.model_config import ModelConfig
 from infer.engine.models.layers import Linear, RMSNorm, empty_param
-from infer.kernels import AttentionMetadata, AttentionSpec, Kernels, RotaryAngles, cos_sin_cache
-from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights
+from infer.kernels import (
+    AttentionMetadata,
+    AttentionSpec,
+    DecoderShape,
+    FusedDecoder,
+    Kernels,
+    LayerWeights,
+    RotaryAngles,
+    cos_sin_cache,
+)
 
 
 @dataclass(frozen=True)
