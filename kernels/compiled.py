@@ -3,7 +3,8 @@ the reference is the bottleneck, the reference for the rest.
 
 - attention: fp32 and bf16 caches (no per-step plan: the kernel walks the block tables itself);
 - RMSNorm, residual-add + RMSNorm, RoPE: fp32 (bf16 stays on the reference, which rounds as transformers does);
-- `linear`: an int8 weight runs `int8_linear` (`int8.py` describes the packing); an fp32 weight at most
+- `linear`: an int8 weight runs `int8_linear` (`int8.py` describes the packing), an int4 weight `int4_linear`
+  (`int4.py`: int4 weights times int8 activations, summed exactly per group); an fp32 weight at most
   `SMALL_ROWS` rows (decode at batch 1-4) runs `small_linear`, a matrix-vector product that streams the
   weight at memory speed where torch's GEMM reaches about a third of it; anything else `F.linear`.
 """
@@ -16,6 +17,7 @@ import torch
 
 from infer.kernels import cpu
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
+from infer.kernels.int4 import Int4Weight
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.interface import LinearWeight
 from infer.kernels.reference import ReferenceKernels, over_rows
@@ -88,6 +90,9 @@ class CompiledCpuKernels(ReferenceKernels):
             y: torch.Tensor = torch.ops.infer_cpu.int8_linear(
                 x2, weight.packed, weight.scale, bias, weight.out_features
             )
+            return over_rows(x, weight.out_features, y)
+        if isinstance(weight, Int4Weight):
+            y = torch.ops.infer_cpu.int4_linear(x2, weight.packed, bias, weight.out_features)
             return over_rows(x, weight.out_features, y)
         if takes_small_linear(x2, weight):
             return over_rows(x, weight.shape[0], torch.ops.infer_cpu.small_linear(x2, weight, bias))

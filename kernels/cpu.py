@@ -31,7 +31,9 @@ from infer.kernels.attention import AttentionMetadata, AttentionSpec
 logger = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("paged_attention.cpp", "int8_linear.cpp", "small_linear.cpp", "rms_norm.cpp", "rotary.cpp")
+SOURCES = (
+    "paged_attention.cpp", "int8_linear.cpp", "int4_linear.cpp", "small_linear.cpp", "rms_norm.cpp", "rotary.cpp"
+)  # fmt: skip
 LIBRARY_NAME = "infer_cpu"
 
 
@@ -69,7 +71,12 @@ _V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "
 _V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 # best first: the first level whose flags this CPU has is the one loaded
 LEVELS = (
-    Level("x86-64-v4-bf16", ("-march=x86-64-v4", "-mavx512bf16", "-mtune=generic"), _V4 | {"avx512_bf16"}),
+    # NOTE: every CPU with AVX-512 BF16 (Cooper Lake on, Zen 4 on) has VNNI too, which the int4 kernel uses
+    Level(
+        "x86-64-v4-bf16",
+        ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni", "-mtune=generic"),
+        _V4 | {"avx512_bf16", "avx512_vnni"},
+    ),
     Level("x86-64-v4", ("-march=x86-64-v4", "-mtune=generic"), _V4),
     Level("x86-64-v3", ("-march=x86-64-v3", "-mtune=generic"), _V3),
 )
