@@ -6,9 +6,10 @@
 //
 // Each input row is first quantized per group of 32 to int8 (dx = max|x| / 127, qx = round(x / dx), nearest
 // even; sx = dx * sum(qx)), as llama.cpp's Q8_1. Then per strip, group by group:
-//   acc_int = sum_k q * qx                           (int32, exact: any order gives the same integer)
-//   y      += float(acc_int) * (d * dx)  then  += m * sx   (fp32 fma, groups in order)
-// so a row's result depends on that row alone, never on how many rows share the call or which thread runs
+//   acc_int = sum_k q * qx                    (int32, exact: any order gives the same integer)
+//   yq     += float(acc_int) * (d * dx)       (fp32 fma, groups in order)
+//   ym     += m * sx                          (fp32 fma, groups in order; two chains: half the latency)
+// and y = yq + ym (+ bias), so a row's result depends on that row alone, never on how many rows share the call or which thread runs
 // a strip (batch invariance: one reduction order per row). With AVX-512 VNNI the int32 dot products are
 // vpdpbusd (the nibbles are the unsigned operand); elsewhere plain loops the compiler vectorises. A thread
 // owns whole strips and reads each once per call (all row tiles of a strip run while it is in L1): at 1-8
@@ -48,6 +49,22 @@ struct Problem {
   float* y;                // [M, N] fp32
 };
 
+#ifdef INFER_INT4_VNNI
+// one group of 32 (n of them real, the rest zeros): the same values as the plain loop below, 32 lanes at once
+inline void quantize_group(const float* x, int64_t n, int8_t* q, float* dx, float* sx) {
+  const __mmask16 m0 = n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+  const __mmask16 m1 = n >= 32 ? 0xFFFF : n <= 16 ? 0 : static_cast<__mmask16>((1u << (n - 16)) - 1);
+  const __m512 a = _mm512_maskz_loadu_ps(m0, x), b = _mm512_maskz_loadu_ps(m1, x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qb));
+  *dx = amax / 127.f;
+  *sx = *dx * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
+}
+#endif
+
 // x [M, K_in] fp32 -> qx [M, K] int8, dx and sx [M, K / 32]; features past K_in are zeros
 void quantize_rows(const float* x, int64_t M, int64_t k_in, int64_t K, int8_t* qx, float* dx, float* sx) {
   const int64_t groups = K / kGroup;
@@ -56,6 +73,10 @@ void quantize_rows(const float* x, int64_t M, int64_t k_in, int64_t K, int8_t* q
     for (int64_t m = begin; m < end; ++m) {
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t k0 = g * kGroup, n = std::min(kGroup, k_in - k0);
+#ifdef INFER_INT4_VNNI
+        quantize_group(x + m * k_in + k0, n, qx + m * K + k0, dx + m * groups + g, sx + m * groups + g);
+        continue;
+#endif
         for (int64_t i = 0; i < kGroup; ++i) buf[i] = i < n ? x[m * k_in + k0 + i] : 0.f;
         float amax = 0.f;
         for (int64_t i = 0; i < kGroup; ++i) amax = std::max(amax, std::fabs(buf[i]));
@@ -79,10 +100,10 @@ inline float half_bits_to_float(const uint8_t* p) {
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
-// y[m, n0 : n0 + width] = acc (+ bias), for the channels that exist
-inline void store_row(const Problem& P, int64_t m, int64_t n0, const float* acc) {
+// y[m, n0 : n0 + width] = yq + ym (+ bias), for the channels that exist
+inline void store_row(const Problem& P, int64_t m, int64_t n0, const float* yq, const float* ym) {
   const int64_t width = std::min(kStrip, P.N - n0);
-  for (int64_t j = 0; j < width; ++j) P.y[m * P.N + n0 + j] = acc[j] + (P.bias ? P.bias[n0 + j] : 0.f);
+  for (int64_t j = 0; j < width; ++j) P.y[m * P.N + n0 + j] = yq[j] + ym[j] + (P.bias ? P.bias[n0 + j] : 0.f);
 }
 
 #ifdef INFER_INT4_VNNI
@@ -97,8 +118,8 @@ template <int R>
 void tile_vnni(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   const int64_t groups = P.K / kGroup;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[R], acc_m[R];
+  for (int r = 0; r < R; ++r) acc[r] = acc_m[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = strip + g * kBlockBytes;
     __m512i lo_sum[R], hi_sum[R];
@@ -119,13 +140,14 @@ void tile_vnni(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
       const int64_t mg = (m0 + r) * groups + g;
       const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(lo_sum[r], hi_sum[r]));
       acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(P.dx[mg])), acc[r]);
-      acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(P.sx[mg]), acc[r]);
+      acc_m[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(P.sx[mg]), acc_m[r]);
     }
   }
-  alignas(64) float out[kStrip];
+  alignas(64) float yq[kStrip], ym[kStrip];
   for (int r = 0; r < R; ++r) {
-    _mm512_store_ps(out, acc[r]);
-    store_row(P, m0 + r, n0, out);
+    _mm512_store_ps(yq, acc[r]);
+    _mm512_store_ps(ym, acc_m[r]);
+    store_row(P, m0 + r, n0, yq, ym);
   }
 }
 
@@ -155,7 +177,7 @@ void strip_rows(const Problem& P, const uint8_t* strip, int64_t n0, std::vector<
         }
   }
   for (int64_t m = 0; m < P.M; ++m) {
-    float acc[kStrip] = {};
+    float acc[kStrip] = {}, acc_m[kStrip] = {};
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* block = strip + g * kBlockBytes;
       const int8_t* xr = P.xq + m * P.K + g * kGroup;
@@ -167,11 +189,11 @@ void strip_rows(const Problem& P, const uint8_t* strip, int64_t n0, std::vector<
         for (int64_t k = 0; k < kGroup; ++k) dot += static_cast<int32_t>(q[k]) * xr[k];
         const float d = half_bits_to_float(block + kNibbleBytes + 2 * c);
         const float mn = half_bits_to_float(block + kNibbleBytes + 32 + 2 * c);
-        acc[c] = std::fma(static_cast<float>(dot), d * dx, acc[c]);  // NOTE: the same two fmas as the VNNI path
-        acc[c] = std::fma(mn, sx, acc[c]);
+        acc[c] = std::fma(static_cast<float>(dot), d * dx, acc[c]);  // NOTE: the same fmas as the VNNI path
+        acc_m[c] = std::fma(mn, sx, acc_m[c]);
       }
     }
-    store_row(P, m, n0, acc);
+    store_row(P, m, n0, acc, acc_m);
   }
 }
 #endif
