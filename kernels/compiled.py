@@ -4,7 +4,7 @@ the reference is the bottleneck, the reference for the rest.
 - attention: fp32 and bf16 caches (no per-step plan: the kernel walks the block tables itself);
 - RMSNorm, residual-add + RMSNorm, RoPE: fp32 (bf16 stays on the reference, which rounds as transformers does);
 - `linear`: an int8 weight runs `int8_linear` (`int8.py` describes the packing), an int4 weight `int4_linear`
-  (`int4.py`: int4 weights times int8 activations, summed exactly per group); an fp32 weight at most
+  (`int4.py`: a strip decoded to fp32 weights once per call, fp32 inputs); an fp32 weight at most
   `SMALL_ROWS` rows (decode at batch 1-4) runs `small_linear`, a matrix-vector product that streams the
   weight at memory speed where torch's GEMM reaches about a third of it; anything else `F.linear`.
 """

@@ -71,12 +71,7 @@ _V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "
 _V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 # best first: the first level whose flags this CPU has is the one loaded
 LEVELS = (
-    # NOTE: every CPU with AVX-512 BF16 (Cooper Lake on, Zen 4 on) has VNNI too, which the int4 kernel uses
-    Level(
-        "x86-64-v4-bf16",
-        ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni", "-mtune=generic"),
-        _V4 | {"avx512_bf16", "avx512_vnni"},
-    ),
+    Level("x86-64-v4-bf16", ("-march=x86-64-v4", "-mavx512bf16", "-mtune=generic"), _V4 | {"avx512_bf16"}),
     Level("x86-64-v4", ("-march=x86-64-v4", "-mtune=generic"), _V4),
     Level("x86-64-v3", ("-march=x86-64-v3", "-mtune=generic"), _V3),
 )

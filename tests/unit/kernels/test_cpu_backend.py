@@ -125,8 +125,7 @@ _V4_FLAGS = _V3_FLAGS | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512v
         (frozenset({"sse2"}), []),
         (_V3_FLAGS, ["x86-64-v3"]),
         (_V4_FLAGS, ["x86-64-v4", "x86-64-v3"]),
-        (_V4_FLAGS | {"avx512_bf16"}, ["x86-64-v4", "x86-64-v3"]),  # the bf16 level needs VNNI too (int4)
-        (_V4_FLAGS | {"avx512_bf16", "avx512_vnni"}, ["x86-64-v4-bf16", "x86-64-v4", "x86-64-v3"]),
+        (_V4_FLAGS | {"avx512_bf16"}, ["x86-64-v4-bf16", "x86-64-v4", "x86-64-v3"]),
     ],
 )
 def test_a_cpu_loads_its_native_build_first_then_the_best_level_it_supports(

@@ -9,9 +9,12 @@ import torch
 from torch import nn
 
 from infer.engine.config import EngineConfig
+from infer.engine.llm import LLM
 from infer.engine.loader import load_model
 from infer.engine.runner import ModelRunner, SeqWork
+from infer.engine.sampling_params import SamplingParams
 from infer.kernels import Int4Weight, Int8Weight
+from tests.helpers.compiled import require_compiled_kernels
 from tests.helpers.tiny_models import ARCHS, VOCAB, make_tiny_model
 
 
@@ -40,6 +43,31 @@ def test_int4_stays_close_to_fp32(arch: str, tmp_path: Path) -> None:
     # NOTE: the tiny models' weights are random, not trained: int4 moves their logits 17-19% (int8: 1.4-1.6%)
     assert float((lower - exact).norm() / exact.norm()) < 0.3
     assert float((lower.argmax(-1) == exact.argmax(-1)).float().mean()) >= 0.75
+
+
+def _greedy_chat(
+    model_dir: Path, kernels: str, quantization: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[int], str]:
+    monkeypatch.setenv("INFER_KERNELS", kernels)
+    llm = LLM(str(model_dir), quantization=quantization)
+    ids = llm.tokenizer.encode_chat([{"role": "user", "content": "What is the capital of France?"}], True)
+    out = llm.generate([ids], SamplingParams(max_tokens=16, temperature=0.0))[0]
+    return out.token_ids, out.text
+
+
+def test_int4_compiled_greedy_on_the_default_model_answers_like_the_reference_backend(
+    default_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NOTE: the first compiled kernel (int8 inputs per group of 32) answered "L'Étoile, la Marseillaise, ..."
+    require_compiled_kernels()
+    fp32, _ = _greedy_chat(default_model_dir, "cpu", "none", monkeypatch)
+    reference, _ = _greedy_chat(default_model_dir, "torch", "int4", monkeypatch)
+    compiled, text = _greedy_chat(default_model_dir, "cpu", "int4", monkeypatch)
+    pairs = zip(compiled, fp32, strict=False)
+    agree = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(compiled), len(fp32)))
+    print(f"int4 compiled: {text!r}, {agree} of {len(fp32)} tokens before the first difference with fp32")
+    assert "Paris" in text
+    assert compiled == reference
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: a tied LM head
