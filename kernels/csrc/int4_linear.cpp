@@ -9,12 +9,13 @@
 // the call runs against it, R rows (1-4) per register tile:
 //   acc[k % 4] = fma(x[k], w[k], acc[k % 4])   (16 channels a lane each, k in order)
 //   y = (acc[0] + acc[1]) + (acc[2] + acc[3]) (+ bias)
+// (with AVX-512, calls of 1-4 rows decode in registers instead: the same w and the same fmas in the same order)
 // so a row's result is the same sequence of fp32 operations whatever the number of rows in the call, the
 // tile it lands in or the thread that runs the strip (batch invariance: one reduction order per row). Four
 // accumulators a row keep four fma chains in flight. AVX-512 intrinsics where available, elsewhere the same
 // operations as plain loops the compiler vectorises (std::fma: no contraction choices left to it).
 // NOTE: int8 inputs per group of 32 (Q8_1's scheme) were tried first: a group holding one large activation
-// rounds its small ones to a step of max|x| / 127, which moved a layer of SmolLM2 by up to 1.3% and changed
+// rounds its small ones to a step of max|x| / 127, which moved SmolLM2 layers by 0.3-1% (1.7% a row) and changed
 // greedy answers; fp32 inputs cost more arithmetic per weight but agree with dequantize-and-matmul to ~1e-6.
 
 #include <ATen/ATen.h>
@@ -102,6 +103,35 @@ void tile(const Problem& P, const float* w, int64_t m0, int64_t n0) {
     store_row(P, m0 + r, n0, out);
   }
 }
+
+// up to 4 rows: decode in registers, no scratch; the same w values and the same fmas per row in the same order
+// as decode_strip + tile (so a row's result does not depend on which of the two ran it)
+template <int R>
+void tile_direct(const Problem& P, const uint8_t* strip, int64_t n0) {
+  const __m512i low4 = _mm512_set1_epi32(0x0F);
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int a = 0; a < 4; ++a) acc[r][a] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < P.K / kGroup; ++g) {
+    const uint8_t* block = strip + g * kBlockBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kNibbleBytes)));
+    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kNibbleBytes + 32)));
+    for (int j = 0; j < 4; ++j) {
+      const __m512i raw = _mm512_loadu_si512(block + 64 * j);
+      for (int b = 0; b < 8; ++b) {
+        const int shift = b < 4 ? 8 * b : 8 * (b - 4) + 4;
+        const __m512 wk = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(raw, shift), low4)), d, mn);
+        const int64_t k = g * kGroup + 8 * j + b;
+        for (int r = 0; r < R; ++r) acc[r][b % 4] = _mm512_fmadd_ps(_mm512_set1_ps(P.x[r * P.K + k]), wk, acc[r][b % 4]);
+      }
+    }
+  }
+  alignas(64) float out[4][kStrip];
+  for (int r = 0; r < R; ++r) {
+    for (int a = 0; a < 4; ++a) _mm512_store_ps(out[a], acc[r][a]);
+    store_row(P, r, n0, out);
+  }
+}
 #else
 void decode_strip(const uint8_t* strip, int64_t groups, float* w) {
   for (int64_t g = 0; g < groups; ++g) {
@@ -140,6 +170,15 @@ void tile(const Problem& P, const float* w, int64_t m0, int64_t n0) {
 #endif
 
 void strip_rows(const Problem& P, const uint8_t* strip, int64_t n0, std::vector<float>& w) {
+#ifdef INFER_INT4_AVX512
+  switch (P.M) {
+    case 1: tile_direct<1>(P, strip, n0); return;
+    case 2: tile_direct<2>(P, strip, n0); return;
+    case 3: tile_direct<3>(P, strip, n0); return;
+    case 4: tile_direct<4>(P, strip, n0); return;
+    default: break;
+  }
+#endif
   decode_strip(strip, P.K / kGroup, w.data());
   for (int64_t m0 = 0; m0 < P.M; m0 += kTileRows) {
     switch (std::min(kTileRows, P.M - m0)) {
