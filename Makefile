@@ -119,7 +119,7 @@ proto: $(DEV_STAMP)
 bench-offline: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/offline.py $(ARGS)
 
-# lower-precision weights (bf16, int8) against transformers fp32: greedy agreement and perplexity
+# lower-precision weights (bf16, int8, int4) against transformers fp32: greedy agreement and perplexity
 bench-precision: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/precision.py
 

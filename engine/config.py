@@ -11,7 +11,7 @@ from infer.engine.speculative import MAX_SPECULATIVE_TOKENS
 from infer.engine.validation import check
 
 DEFAULT_MAX_MODEL_LEN = 2048  # when the model allows as much
-QUANTIZATIONS = ("none", "int8")
+QUANTIZATIONS = ("none", "int8", "int4")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -33,7 +33,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     static_batch_wait_s: float = 0.05  # static batching: how long to gather a batch
     dtype: str = "float32"
-    quantization: str = "none"  # none | int8 (weight-only, per-output-channel scales; CPU)
+    quantization: str = "none"  # none | int8 (per-output-channel scales) | int4 (groups of 32, Q4_1-like); CPU
     device: str = "cpu"
     seed: int = 0
     speculative_tokens: int = 0  # n-gram drafts per step for requests that do not say (0 = off)

@@ -8,6 +8,7 @@ interface models import; the rest of the package is the backends' insides.
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
 from infer.kernels.backend import BACKENDS, select_kernels
 from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights
+from infer.kernels.int4 import Int4Weight
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.interface import Kernels, LinearWeight
 from infer.kernels.rotary import RopeConfig, RotaryAngles, cos_sin_cache
@@ -18,6 +19,7 @@ __all__ = [
     "AttentionSpec",
     "DecoderShape",
     "FusedDecoder",
+    "Int4Weight",
     "Int8Weight",
     "Kernels",
     "LayerWeights",

@@ -3,7 +3,8 @@ the reference is the bottleneck, the reference for the rest.
 
 - attention: fp32 and bf16 caches (no per-step plan: the kernel walks the block tables itself);
 - RMSNorm, residual-add + RMSNorm, RoPE: fp32 (bf16 stays on the reference, which rounds as transformers does);
-- `linear`: an int8 weight runs `int8_linear` (`int8.py` describes the packing); an fp32 or bf16 weight runs
+- `linear`: an int8 weight runs `int8_linear` (`int8.py` describes the packing), an int4 weight `int4_linear`
+  (`int4.py`: a strip decoded to fp32 weights once per call, fp32 inputs); an fp32 or bf16 weight runs
   `dense_linear` at any row count (without autograd); anything else `F.linear`;
 - the fused decoder stack (`fused.py`) for fp32 models: the same kernels, every layer in one C++ call.
 
@@ -21,6 +22,7 @@ import torch
 from infer.kernels import cpu
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
 from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights, fusable
+from infer.kernels.int4 import Int4Weight
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.interface import LinearWeight
 from infer.kernels.reference import ReferenceKernels, over_rows
@@ -92,6 +94,9 @@ class CompiledCpuKernels(ReferenceKernels):
             y: torch.Tensor = torch.ops.infer_cpu.int8_linear(
                 x2, weight.packed, weight.scale, bias, weight.out_features
             )
+            return over_rows(x, weight.out_features, y)
+        if isinstance(weight, Int4Weight):
+            y = torch.ops.infer_cpu.int4_linear(x2, weight.packed, bias, weight.out_features)
             return over_rows(x, weight.out_features, y)
         if takes_dense_linear(x2, weight):
             return over_rows(x, weight.shape[0], torch.ops.infer_cpu.dense_linear(x2, weight, bias))

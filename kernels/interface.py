@@ -10,7 +10,7 @@ Backends: `ReferenceKernels` (PyTorch, runs anywhere: the oracle and the
 fallback), `CompiledCpuKernels` (C++ kernels built ahead of time, `cpu.py`) and
 `TritonKernels` (CUDA, or Triton's interpreter in tests). The last two extend
 the reference and fall back to it, op by op, for inputs their kernels do not
-take (a bf16 RMSNorm on the CPU, an int8 weight under Triton).
+take (a bf16 RMSNorm on the CPU, an int8 or int4 weight under Triton).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
+from infer.kernels.int4 import Int4Weight
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.rotary import RotaryAngles
 
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
     from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights
 
 # a linear layer's weight: float [out_features, in_features], or a packed format a backend's `linear` reads
-# (int8 now; a new format is one more member here, a case in `quantize` and in `linear`)
-LinearWeight = torch.Tensor | Int8Weight
+# (int8, int4; a new format is one more member here, a case in `quantize` and in `linear`)
+LinearWeight = torch.Tensor | Int8Weight | Int4Weight
 
 
 class Kernels(ABC):
@@ -117,7 +118,7 @@ class Kernels(ABC):
 
     @abstractmethod
     def quantize(self, weight: torch.Tensor, method: str) -> LinearWeight:  # weight: [out_features, in_features]
-        """`weight` in the packed format of `method` (int8), as this backend's `linear` reads it."""
+        """`weight` in the packed format of `method` (int8, int4), as this backend's `linear` reads it."""
 
     # per model
     def fuse_decoder(self, shape: DecoderShape, layers: Sequence[LayerWeights]) -> FusedDecoder | None:

@@ -7,7 +7,7 @@ step by `prepare_attention` and travels inside the step's metadata.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 
 import torch
@@ -21,9 +21,12 @@ from infer.kernels.attention import (
     paged_attention_ref,
     plan_attention_ref,
 )
+from infer.kernels.int4 import Int4Weight, int4_linear_ref, quantize_int4
 from infer.kernels.int8 import Int8Weight, int8_linear_ref, quantize_int8
 from infer.kernels.interface import Kernels, LinearWeight
 from infer.kernels.rotary import RotaryAngles
+
+QUANTIZERS: dict[str, Callable[[torch.Tensor], LinearWeight]] = {"int8": quantize_int8, "int4": quantize_int4}
 
 
 @dataclass(frozen=True)
@@ -84,11 +87,13 @@ class ReferenceKernels(Kernels):
     def linear(self, x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(weight, Int8Weight):
             return over_rows(x, weight.out_features, int8_linear_ref(x.reshape(-1, x.shape[-1]), weight, bias))
+        if isinstance(weight, Int4Weight):
+            return over_rows(x, weight.out_features, int4_linear_ref(x.reshape(-1, x.shape[-1]), weight, bias))
         return F.linear(x, weight, bias)
 
     def quantize(self, weight: torch.Tensor, method: str) -> LinearWeight:
-        if method != "int8":
-            raise ValueError(f"quantization {method!r}: the {self.title} kernels pack int8 only")
+        if method not in QUANTIZERS:
+            raise ValueError(f"quantization {method!r}: the {self.title} kernels pack {' and '.join(QUANTIZERS)} only")
         if self.device.type != "cpu":
-            raise ValueError("int8 quantization runs on the CPU only")
-        return quantize_int8(weight)
+            raise ValueError(f"{method} quantization runs on the CPU only")
+        return QUANTIZERS[method](weight)

@@ -20,7 +20,7 @@ def _add_model_arg(parser: argparse.ArgumentParser) -> None:
 def _generate(args: argparse.Namespace) -> int:
     from infer.engine import LLM, SamplingParams
 
-    llm = LLM(args.model, max_model_len=args.max_model_len)
+    llm = LLM(args.model, max_model_len=args.max_model_len, quantization=args.quantization)
     prompt = llm.tokenizer.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     for delta in llm.stream(prompt, params):
@@ -90,6 +90,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--max-model-len", type=int, default=0, help="0 = the smaller of 2048 and the model's")
+    gen.add_argument(
+        "--quantization", default="none", help="weight-only int8 or int4 linear layers (CPU), or none (default)"
+    )
     gen.set_defaults(func=_generate)
     _add_serve_parser(sub, with_settings=argv is None or "serve" in argv)
     prepare = sub.add_parser(

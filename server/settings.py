@@ -222,7 +222,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("enable_prefix_caching", _bool, "reuse the KV blocks of shared prompt prefixes"),
     Setting("static_batch_wait_s", float, "static batching: how long to gather a batch"),
     Setting("dtype", str, "weights and KV-cache dtype", choices=tuple(DTYPES)),
-    Setting("quantization", str, "weight-only int8 linear layers (CPU), or none", choices=QUANTIZATIONS),
+    Setting(
+        "quantization",
+        str,
+        "weight-only linear layers (CPU): int8 (a scale per output channel), int4 (a scale and minimum per "
+        "32 inputs, like Q4_1), or none",
+        choices=QUANTIZATIONS,
+    ),
     Setting("device", str, "torch device (cpu, cuda, cuda:1, ...)"),
     Setting("seed", int, "engine seed for unseeded sampling"),
     Setting(

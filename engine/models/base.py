@@ -28,6 +28,10 @@ from infer.kernels import (
     cos_sin_cache,
 )
 
+# NOTE: the LM head of an int4 model stays int8, as llama.cpp's Q4_1 files keep theirs Q8_0: on SmolLM2-135M an
+# int4 head alone cost +5.0% perplexity on the fixed text, an int8 one -0.05% (docs/benchmarks/precision.md)
+LM_HEAD_QUANTIZATION = {"int4": "int8"}
+
 
 @dataclass(frozen=True)
 class StepInput:
@@ -160,12 +164,13 @@ class CausalLM(nn.Module):
         return self
 
     def quantize(self, method: str) -> CausalLM:
-        """Weight-only `method` (int8) for every linear layer: the projections and the LM head (a tied one gets
-        its own packed copy); norms and the embedding table keep the model dtype. `none` changes nothing."""
+        """Weight-only `method` (int8, int4) for every linear layer: the projections and the LM head (a tied one
+        gets its own packed copy; int4 models keep an int8 head); norms and the embedding table keep the model
+        dtype. `none` changes nothing."""
         if method != "none":
             for module in self.modules():
                 if isinstance(module, Linear):
-                    module.quantize(method)
+                    module.quantize(LM_HEAD_QUANTIZATION.get(method, method) if module is self.lm_head else method)
         return self
 
     def fuse(self) -> CausalLM:

@@ -29,7 +29,12 @@ PROMPTS = [  # benchmarks/precision.py's parity prompts, as user messages
     "Photosynthesis is the process by which",
 ]
 # engine settings per precision; int4 joins as one more entry
-PRECISIONS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantization": "int8"}}
+PRECISIONS = {
+    "fp32": {},
+    "bf16": {"dtype": "bfloat16"},
+    "int8": {"quantization": "int8"},
+    "int4": {"quantization": "int4"},
+}
 SCENARIOS = {  # engine settings beyond the precision's (prefix caching off); "batched" reuses the alone engine
     "batched": {},
     "chunk16": {"max_num_batched_tokens": 16},  # every prompt takes several steps, beside other requests

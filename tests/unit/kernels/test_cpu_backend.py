@@ -147,7 +147,9 @@ def test_portable_builds_are_named_by_level_not_by_this_cpu(monkeypatch: pytest.
     assert cpu.library_path() != before[1]  # a native build belongs to one CPU
 
 
-_COMPILED_KERNEL_TESTS = [f"tests/unit/kernels/test_{name}_cpu.py" for name in ("attention", "int8", "linear", "norm")]
+_COMPILED_KERNEL_TESTS = [
+    f"tests/unit/kernels/test_{name}_cpu.py" for name in ("attention", "int8", "int4", "linear", "norm")
+]
 
 
 @pytest.mark.slow

@@ -56,7 +56,7 @@ def test_close_to_the_float_layer_and_the_reference_backend_runs_the_reference(r
 
 
 def test_a_format_the_backend_cannot_pack_or_a_device_off_the_cpu_is_refused(reference: Kernels) -> None:
-    with pytest.raises(ValueError, match="quantization 'int4'"):
-        reference.quantize(_weight(16, 16), "int4")
+    with pytest.raises(ValueError, match="quantization 'fp8'"):
+        reference.quantize(_weight(16, 16), "fp8")
     with pytest.raises(ValueError, match="int8 quantization runs on the CPU only"):
         select_kernels("cuda", torch.float16, "torch").quantize(_weight(16, 16), "int8")

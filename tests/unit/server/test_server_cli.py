@@ -55,3 +55,27 @@ def test_prepare_model_prints_the_converted_default_model(default_model_dir: Pat
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{models / default_model_dir.name}\n"
     assert result.stderr == ""  # nothing converted again
+
+
+def test_generate_takes_a_quantization_and_refuses_an_unknown_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import infer.engine
+    from infer.server.cli import main
+
+    seen: dict[str, object] = {}
+
+    class _StoppedError(Exception):
+        pass
+
+    def fake_llm(model: str | None, **settings: object) -> None:
+        seen.update(settings)
+        raise _StoppedError
+
+    monkeypatch.setattr(infer.engine, "LLM", fake_llm)
+    with pytest.raises(_StoppedError):
+        main(["generate", "Hi", "--quantization", "int4"])
+    assert seen["quantization"] == "int4"
+    monkeypatch.undo()
+    assert main(["generate", "Hi", "--quantization", "fp8"]) == 2
+    assert "quantization: must be one of none, int8, int4" in capsys.readouterr().err
