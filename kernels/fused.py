@@ -85,6 +85,8 @@ def _linear_args(weight: LinearWeight, bias: torch.Tensor | None) -> tuple[list[
     b = _NONE if bias is None else bias.float().contiguous()
     if isinstance(weight, Int8Weight):
         return [weight.packed, weight.scale, b], FORMATS[Int8Weight], weight.out_features
+    if not isinstance(weight, torch.Tensor):  # `fusable` turned the model down (int4 runs op by op)
+        raise TypeError(f"the fused stack takes fp32 and int8 weights, not {type(weight).__name__}")
     return [weight, _NONE, b], FORMATS[torch.Tensor], weight.shape[0]
 
 
