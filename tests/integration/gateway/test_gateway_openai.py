@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,38 +16,11 @@ import openai
 import pytest
 
 from tests.integration.grpc_helpers import ServerThread
-from tests.unit.server.gateway.gateway_helpers import LoopThread, RunningGateway, running_gateway
+from tests.unit.server.gateway.gateway_helpers import RunningGateway
 
 PROMPT = "The capital of France is"
 QUESTION: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
 IGNORE_EOS = {"ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def gateway(grpc_server: ServerThread) -> Iterator[RunningGateway]:
-    loop = LoopThread()
-    try:
-        with running_gateway(grpc_server.address, loop) as gateway:
-            yield gateway
-    finally:
-        loop.close()
-
-
-@pytest.fixture(scope="module")
-def client(gateway: RunningGateway) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
-
-
-@pytest.fixture(autouse=True)
-def engine_idle_after(grpc_server: ServerThread) -> Iterator[None]:
-    yield
-    grpc_server.wait_idle()  # every test: no request left, no KV block leaked
 
 
 def test_models_lists_the_served_model(client: openai.OpenAI, grpc_server: ServerThread) -> None:

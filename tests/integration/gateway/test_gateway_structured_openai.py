@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -13,8 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.integration.grpc_helpers import ServerThread
-from tests.unit.server.gateway.gateway_helpers import LoopThread, RunningGateway, running_gateway
+from tests.unit.server.gateway.gateway_helpers import RunningGateway
 
 
 def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -42,33 +40,6 @@ WEATHER: Any = {"type": "function", "function": {
 class Person(BaseModel):
     name: str = Field(max_length=20)
     age: int = Field(ge=0, le=120)
-
-
-@pytest.fixture(scope="module")
-def gateway(grpc_server: ServerThread) -> Iterator[RunningGateway]:
-    loop = LoopThread()
-    try:
-        with running_gateway(grpc_server.address, loop) as gateway:
-            yield gateway
-    finally:
-        loop.close()
-
-
-@pytest.fixture(scope="module")
-def client(gateway: RunningGateway) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
-
-
-@pytest.fixture(autouse=True)
-def engine_idle_after(grpc_server: ServerThread) -> Iterator[None]:
-    yield
-    grpc_server.wait_idle()  # every test: no request left, no KV block leaked
 
 
 def ask(text: str) -> Any:
