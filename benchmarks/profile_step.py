@@ -1,6 +1,6 @@
 """Where a decode step's time goes, and how much of it is host work: the default model on the compiled CPU kernels.
 
-For batch 1 and 16 (contexts of 256 tokens), fp32 and int8 weights, the fused decoder stack and the unfused
+For batch 1 and 16 (contexts of 256 tokens), fp32, int8 and int4 weights, the fused decoder stack and the unfused
 per-op path, in one run. A step is what the engine does for a decode step: `ModelRunner.execute` (prepare,
 forward, logits) and the sampler (greedy rows). For each configuration:
 
@@ -46,7 +46,7 @@ from infer.engine.sampling_params import SamplingParams
 OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "profile.md"
 CONTEXT = 256
 BATCHES = (1, 16)
-PRECISIONS = ("none", "int8")
+PRECISIONS = ("none", "int8", "int4")
 # aten ops that only make views, change shapes or allocate: host work however long they take
 NOT_KERNELS = frozenset((
     "view", "reshape", "_reshape_alias", "slice", "select", "as_strided", "t", "transpose", "unsqueeze", "squeeze",
@@ -179,15 +179,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="threads the steps are timed on")
+    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     _preload_shim()
     models = {q: load_model(default_model_dir(), EngineConfig(max_model_len=1024, quantization=q), kernels="cpu")
-              for q in PRECISIONS}  # fmt: skip
-    layers = models["none"].cfg.num_layers
+              for q in args.precisions}  # fmt: skip
+    layers = next(iter(models.values())).cfg.num_layers
     results: dict[tuple[int, str, bool], Figures] = {}
     for batch in BATCHES:
-        for q in PRECISIONS:
+        for q in args.precisions:
             for on in (False, True):
                 if on and models[q].fused is None:
                     continue

@@ -6,7 +6,7 @@ The model hands its layers over once, at load (`Kernels.fuse_decoder`); a backen
 order, so its hidden states are bit-identical to it, for decode tokens and prefill chunks alike; what it
 saves is the Python and the dispatch around ~12 ops a layer.
 
-It takes fp32 activations (the compiled norms and RoPE are fp32 only) with fp32 or int8 weights; a model in
+It takes fp32 activations (the compiled norms and RoPE are fp32 only) with fp32, int8 or int4 weights; a model in
 another dtype, or a weight format it does not know, is not fused (`fusable`).
 """
 
@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
+from infer.kernels.int4 import Int4Weight
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.interface import LinearWeight
 
-FORMATS = {torch.Tensor: 0, Int8Weight: 1}  # csrc/decoder_stack.cpp: Format (a new one: a case there too)
+FORMATS = {torch.Tensor: 0, Int8Weight: 1, Int4Weight: 2}  # csrc/decoder_stack.cpp: Format (a new one: a case there too)
 _NONE = torch.empty(0)  # an absent tensor, as the C++ stack reads it
 
 
@@ -63,8 +64,8 @@ class LayerWeights:
 
 
 def _weight_format(weight: object) -> int | None:  # object: a format added to LinearWeight but not here
-    if isinstance(weight, Int8Weight):
-        return FORMATS[Int8Weight]
+    if isinstance(weight, (Int8Weight, Int4Weight)):
+        return FORMATS[type(weight)]
     if not isinstance(weight, torch.Tensor):  # a packed format the stack does not know: the model runs op by op
         return None
     if weight.dtype == torch.float32 and weight.is_contiguous() and not weight.requires_grad:
@@ -85,8 +86,10 @@ def _linear_args(weight: LinearWeight, bias: torch.Tensor | None) -> tuple[list[
     b = _NONE if bias is None else bias.float().contiguous()
     if isinstance(weight, Int8Weight):
         return [weight.packed, weight.scale, b], FORMATS[Int8Weight], weight.out_features
-    if not isinstance(weight, torch.Tensor):  # `fusable` turned the model down (int4 runs op by op)
-        raise TypeError(f"the fused stack takes fp32 and int8 weights, not {type(weight).__name__}")
+    if isinstance(weight, Int4Weight):  # the scales live in the packed blocks
+        return [weight.packed, _NONE, b], FORMATS[Int4Weight], weight.out_features
+    if not isinstance(weight, torch.Tensor):  # `fusable` turned the model down
+        raise TypeError(f"the fused stack takes fp32, int8 and int4 weights, not {type(weight).__name__}")
     return [weight, _NONE, b], FORMATS[torch.Tensor], weight.shape[0]
 
 

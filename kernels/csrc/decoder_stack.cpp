@@ -20,12 +20,13 @@
 namespace infer_cpu {
 namespace {
 
-enum Format : int64_t { kFloat = 0, kInt8 = 1 };  // kernels/fused.py: FORMATS
+enum Format : int64_t { kFloat = 0, kInt8 = 1, kInt4 = 2 };  // kernels/fused.py: FORMATS
 
 struct Linear {
   int64_t format = kFloat;
-  at::Tensor weight;  // kFloat: [N, K] fp32, rows contiguous; kInt8: packed [N_pad / 16, K_pad / 2, 16, 2]
-  at::Tensor scale;   // kInt8: [N_pad] fp32
+  at::Tensor weight;  // kFloat: [N, K] fp32, rows contiguous; kInt8: packed [N_pad / 16, K_pad / 2, 16, 2];
+                      // kInt4: packed [N_pad / 16, K_pad / 32, 320]
+  at::Tensor scale;   // kInt8: [N_pad] fp32 (kInt4 keeps its scales in the blocks)
   c10::optional<at::Tensor> bias;
   int64_t out_features = 0;
 };
@@ -38,6 +39,7 @@ at::Tensor linear(const at::Tensor& x, const Linear& w) {
   KERNEL_EVENT("linear");
   switch (w.format) {
     case kInt8: return int8_linear(x, w.weight, w.scale, w.bias, w.out_features);
+    case kInt4: return int4_linear(x, w.weight, w.bias, w.out_features);
     default: return dense_linear(x, w.weight, w.bias);
   }
 }
@@ -85,7 +87,7 @@ class DecoderStack : public torch::CustomClassHolder {
     L.pre_ffn_norm = optional_tensor(norms[4]), L.post_ffn_norm = optional_tensor(norms[5]);
     Linear* targets[4] = {&L.qkv, &L.o, &L.gate_up, &L.down};
     for (int i = 0; i < 4; ++i) {
-      TORCH_CHECK(formats[i] == kFloat || formats[i] == kInt8, "DecoderStack.add_layer: unknown format ", formats[i]);
+      TORCH_CHECK(formats[i] == kFloat || formats[i] == kInt8 || formats[i] == kInt4, "DecoderStack.add_layer: unknown format ", formats[i]);
       const at::Tensor& weight = linears[3 * i];
       TORCH_CHECK(formats[i] != kFloat || (weight.scalar_type() == at::kFloat && weight.is_contiguous()),
                   "DecoderStack.add_layer: a float weight must be contiguous fp32");

@@ -16,6 +16,10 @@ at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight, const c10
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                        const c10::optional<at::Tensor>& bias, int64_t out_features);
 
+// int4_linear.cpp: x [M, K] . dequantize(packed)^T + bias, packed by kernels/int4.py (fp32 inputs)
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                       int64_t out_features);
+
 // rms_norm.cpp
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,

@@ -24,7 +24,7 @@ def per_op(model: CausalLM) -> CausalLM:
     return model
 
 
-@pytest.mark.parametrize("quantization", ["none", "int8"])
+@pytest.mark.parametrize("quantization", ["none", "int8", "int4"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fused_logits_equal_the_per_op_path_bit_for_bit(arch: str, quantization: str, tmp_path: Path) -> None:
     require_compiled_kernels()
@@ -68,7 +68,7 @@ def test_backends_without_a_stack_and_models_it_does_not_take_run_op_by_op(tmp_p
     assert model.fused is not None
     down = model.layers[1].mlp.down_proj
     del down.weight  # NOTE: as Linear.quantize does: a packed weight is no parameter
-    down.weight = object()  # a packed format the stack does not know (int4 until it is added)
+    down.weight = object()  # a packed format the stack does not know
     assert model.fuse().fused is None
 
 
