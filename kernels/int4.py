@@ -13,12 +13,16 @@ group's 320-byte block is 4 x 64 bytes of nibbles (64 bytes hold 16 channels x
 high nibble, for the j-th 64 bytes), then `d` and `m` as 16 fp16 each. A strip
 is read front to back, once per call.
 
-The compiled kernel decodes a strip to fp32 weights (`w = fma(q, d, m)`) and
-multiplies fp32 inputs, with a fixed order of sums per row (batch invariant).
-(int8 inputs per group of 32, as llama.cpp's Q8_1, were tried first and
-dropped: a group holding one large activation rounds its small ones to a step
-of `max|x| / 127`, which moved SmolLM2's layers by up to 1.3% and changed a
-greedy answer.) `int4_linear_ref` is the reference: dequantize, fp32 matmul.
+Inputs are quantized per row and group of 32 to int16 (`quantize_activations`:
+`s = max|x| / 32767`, `xq = round(x / s)`), so the kernel's products are exact
+integers (`csrc/int4_linear.cpp`: 32 per instruction, no float conversion per
+weight) and a row's result is the same whatever the rows beside it (batch
+invariant). The step `max|x| / 32767` moves a layer's output by ~1e-5, far
+below the int4 weights' own error. (int8 inputs per group, as llama.cpp's Q8_1,
+were tried first and dropped: a group holding one large activation rounds its
+small ones to a step of `max|x| / 127`, which moved SmolLM2's layers by up to
+1.3% and changed a greedy answer.) `int4_linear_ref` is the reference: the
+same activation quantization, dequantized weights, an fp64 matmul.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ STRIP = 16  # output channels per packed strip
 NIBBLE_BYTES = STRIP * GROUP // 2  # 256: one group of a strip's weights
 BLOCK_BYTES = NIBBLE_BYTES + 2 * STRIP * 2  # 320: nibbles, then d and m as fp16
 FP16_MAX, FP16_TINY = 65504.0, 2.0**-24  # fp16's largest value and smallest (subnormal) step
+INT16_MAX = 32767  # activations: round(x / s) with s = max|x| / INT16_MAX per group
 
 
 @dataclass(frozen=True)
@@ -98,14 +103,26 @@ def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return torch.cat((nibbles, dm.contiguous().view(torch.uint8)), dim=2).contiguous()
 
 
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K_pad] fp32 -> (xq [M, K_pad / 32, 32] integers as fp32, s [M, K_pad / 32]): x ~ s * xq per group,
+    the kernel's operations (an fp32 division, round half to even); an all-zero group has s = 0, xq = 0."""
+    xg = x.float().reshape(x.shape[0], -1, GROUP)
+    s = xg.abs().amax(dim=2) / INT16_MAX
+    xq = torch.where(s[..., None] > 0, torch.round(xg / s[..., None]), torch.zeros((), dtype=torch.float32))
+    return xq, s
+
+
 def int4_linear_ref(
     x: torch.Tensor,  # [M, K]
     weight: Int4Weight,
     bias: torch.Tensor | None = None,  # [N]
 ) -> torch.Tensor:  # [M, N], x's dtype
-    """The reference: dequantize, then an fp32 matmul (inputs padded with zeros to the packed groups)."""
+    """The reference: the kernel's int16 inputs (padded with zeros to the packed groups), dequantized weights,
+    an fp64 matmul."""
     n, k_pad = weight.out_features, weight.padded_in_features
-    y = F.linear(F.pad(x.float(), (0, k_pad - x.shape[1])), weight.dequantize()[:n])
+    xq, s = quantize_activations(F.pad(x.float(), (0, k_pad - x.shape[1])))
+    x_hat = (xq.double() * s.double()[..., None]).view(x.shape[0], k_pad)
+    y = F.linear(x_hat, weight.dequantize()[:n].double())
     if bias is not None:
-        y = y + bias.to(y.dtype)
+        y = y + bias.double()
     return y.to(x.dtype)

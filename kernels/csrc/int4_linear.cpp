@@ -4,19 +4,21 @@
 // block per group of 32 input features: 4 x 64 bytes of nibbles (bytes 4c + b of the j-th 64 hold k = 8j + b
 // in the low and 8j + 4 + b in the high nibble for channel c), then d and m (16 fp16 each), w = d * q + m.
 //
-// The inputs stay fp32 (bf16 inputs are widened exactly). A thread owns whole strips: it decodes a strip once
-// per call into fp32 weights w = fma(q, d, m) ([K][16] in a scratch that stays in L1/L2), then every row of
-// the call runs against it, R rows (1-4) per register tile:
-//   acc[k % 4] = fma(x[k], w[k], acc[k % 4])   (16 channels a lane each, k in order)
-//   y = (acc[0] + acc[1]) + (acc[2] + acc[3]) (+ bias)
-// (with AVX-512, calls of 1-4 rows decode in registers instead: the same w and the same fmas in the same order)
-// so a row's result is the same sequence of fp32 operations whatever the number of rows in the call, the
-// tile it lands in or the thread that runs the strip (batch invariance: one reduction order per row). Four
-// accumulators a row keep four fma chains in flight. AVX-512 intrinsics where available, elsewhere the same
-// operations as plain loops the compiler vectorises (std::fma: no contraction choices left to it).
-// NOTE: int8 inputs per group of 32 (Q8_1's scheme) were tried first: a group holding one large activation
-// rounds its small ones to a step of max|x| / 127, which moved SmolLM2 layers by 0.3-1% (1.7% a row) and changed
-// greedy answers; fp32 inputs cost more arithmetic per weight but agree with dequantize-and-matmul to ~1e-6.
+// Inputs are quantized per row and group of 32 to int16: s = max|x| / 32767, xq = round(x / s) (half to
+// even), the same operations as kernels/int4.py's `quantize_activations`. Then a group's contribution to
+// channel c is exact integer arithmetic and three roundings:
+//   dot = sum_k xq_k * q_ck          (int32: at most 32 * 32767 * 15 < 2^24, so exact in fp32 too)
+//   t   = fma(m_c, sum_k xq_k, d_c * dot)
+//   acc = fma(s, t, acc)             (groups in order; y = acc + bias)
+// The integer dot runs 32 products per instruction (VNNI's vpdpwssd, or vpmaddwd + add): a 64-byte load of
+// nibbles gives four pairs of k a lane with a shift and a mask, no conversion to float per weight. A thread
+// owns whole strips; rows go through in register tiles of 1-8, each row the same sequence of operations
+// whatever the tile, the thread or the number of rows in the call (batch invariance). Without AVX-512 the
+// same integers and the same fp32 epilogue come from plain loops.
+// NOTE: the step max|x| / 32767 is 258x finer than int8's (Q8_1's max|x| / 127, tried first: a group holding
+// one outlier rounded its small inputs coarsely enough to move SmolLM2's layers by 0.3-1.7% and change greedy
+// answers); int16 inputs move a layer by ~1e-5, far below the int4 weights' own error. fp32 inputs (the
+// version before this one) cost a float conversion and an fma per weight, twice the instructions.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -26,7 +28,7 @@
 #include <cmath>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define INFER_INT4_AVX512 1
 #endif
@@ -40,14 +42,23 @@ constexpr int64_t kStrip = 16;                          // output channels per s
 constexpr int64_t kGroup = 32;                          // input features per scale and minimum
 constexpr int64_t kNibbleBytes = kStrip * kGroup / 2;   // 256
 constexpr int64_t kBlockBytes = kNibbleBytes + 4 * kStrip;  // 320: nibbles, d, m
-constexpr int64_t kTileRows = 4;                        // rows per register tile
+constexpr int64_t kPairs = kGroup / 2;                  // int16 input pairs per group
+constexpr int kTileRows = 8;                            // rows per register tile
+constexpr float kInt16Max = 32767.f;
+constexpr int64_t kQuantizeGrain = 8;                   // rows per task when quantizing in parallel
+
+// the k of each pair's low and high int16, in the order a group's pairs are stored: pair 4j + p holds the
+// two ks whose nibbles `(raw >> 4p) & 0x000F000F` puts in a lane's low and high word (raw: the j-th 64 bytes)
+constexpr int kPairLow[4] = {0, 4, 1, 5}, kPairHigh[4] = {2, 6, 3, 7};
 
 struct Problem {
-  int64_t M, N, K;         // K padded to a multiple of 32
-  const uint8_t* packed;   // [N_pad / 16][K / 32][320]
-  const float* x;          // [M][K] fp32 (zeros past the real features)
-  const float* bias;       // [N] or null
-  float* y;                // [M, N] fp32
+  int64_t M, N, K;          // K padded to a multiple of 32
+  const uint8_t* packed;    // [N_pad / 16][K / 32][320]
+  const int32_t* xq;        // [M][K / 2]: int16 pairs, per group in kPairLow/kPairHigh order
+  const float* xs;          // [M][K / 32]: s
+  const float* xsum;        // [M][K / 32]: sum of the group's xq (an integer)
+  const float* bias;        // [N] or null
+  float* y;                 // [M, N] fp32
 };
 
 inline float half_bits_to_float(const uint8_t* p) {
@@ -56,136 +67,122 @@ inline float half_bits_to_float(const uint8_t* p) {
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
-// y[m, n0 : n0 + width] = (a0 + a1) + (a2 + a3) (+ bias), for the channels that exist
-inline void store_row(const Problem& P, int64_t m, int64_t n0, const float (*acc)[kStrip]) {
-  const int64_t width = std::min(kStrip, P.N - n0);
-  for (int64_t j = 0; j < width; ++j) {
-    const float s = (acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j]);
-    P.y[m * P.N + n0 + j] = P.bias ? s + P.bias[n0 + j] : s;
+// one row's inputs [K] fp32 -> pairs [K / 2], s and sum per group
+void quantize_row(const float* x, int64_t K, int32_t* pairs, float* s, float* sum) {
+  for (int64_t g = 0; g < K / kGroup; ++g) {
+    const float* xg = x + g * kGroup;
+    float amax = 0.f;
+    for (int64_t k = 0; k < kGroup; ++k) amax = std::max(amax, std::fabs(xg[k]));
+    const float scale = amax / kInt16Max;
+    int32_t q[kGroup];
+    if (scale > 0.f) {
+      for (int64_t k = 0; k < kGroup; ++k) q[k] = static_cast<int32_t>(std::nearbyint(xg[k] / scale));
+    } else {
+      for (int64_t k = 0; k < kGroup; ++k) q[k] = 0;
+    }
+    int32_t total = 0;
+    for (int64_t k = 0; k < kGroup; ++k) total += q[k];
+    for (int j = 0; j < 4; ++j)
+      for (int p = 0; p < 4; ++p) {
+        const uint32_t lo = static_cast<uint16_t>(q[8 * j + kPairLow[p]]), hi = static_cast<uint16_t>(q[8 * j + kPairHigh[p]]);
+        pairs[g * kPairs + 4 * j + p] = static_cast<int32_t>(lo | (hi << 16));
+      }
+    s[g] = scale, sum[g] = static_cast<float>(total);
   }
+}
+
+// y[m, n0 : n0 + width] = acc (+ bias), for the channels that exist
+inline void store_row(const Problem& P, int64_t m, int64_t n0, const float* acc) {
+  const int64_t width = std::min(kStrip, P.N - n0);
+  for (int64_t j = 0; j < width; ++j) P.y[m * P.N + n0 + j] = P.bias ? acc[j] + P.bias[n0 + j] : acc[j];
 }
 
 #ifdef INFER_INT4_AVX512
-// strip -> w [K][16] fp32: w = fma(q, d, m), the same values as the plain loop below
-void decode_strip(const uint8_t* strip, int64_t groups, float* w) {
-  const __m512i low4 = _mm512_set1_epi32(0x0F);
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = strip + g * kBlockBytes;
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kNibbleBytes)));
-    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kNibbleBytes + 32)));
-    float* wg = w + g * kGroup * kStrip;
-    for (int j = 0; j < 4; ++j) {
-      const __m512i raw = _mm512_loadu_si512(block + 64 * j);  // lane c: channel c's 4 bytes
-      for (int b = 0; b < 8; ++b) {  // b < 4: low nibble of byte b (k = 8j + b); else high of byte b - 4
-        const int shift = b < 4 ? 8 * b : 8 * (b - 4) + 4;
-        const __m512i q = _mm512_and_si512(_mm512_srli_epi32(raw, shift), low4);
-        _mm512_storeu_ps(wg + (8 * j + b) * kStrip, _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), d, mn));
-      }
-    }
-  }
+inline __m512i dot_pairs(__m512i acc, __m512i w, __m512i x) {
+#ifdef __AVX512VNNI__
+  return _mm512_dpwssd_epi32(acc, w, x);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(w, x));
+#endif
 }
 
 template <int R>
-void tile(const Problem& P, const float* w, int64_t m0, int64_t n0) {
-  __m512 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int a = 0; a < 4; ++a) acc[r][a] = _mm512_setzero_ps();
-  const float* x = P.x + m0 * P.K;
-  for (int64_t k = 0; k < P.K; k += 4) {
-    for (int a = 0; a < 4; ++a) {
-      const __m512 wk = _mm512_loadu_ps(w + (k + a) * kStrip);
-      for (int r = 0; r < R; ++r) acc[r][a] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * P.K + k + a]), wk, acc[r][a]);
+void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
+  const int64_t groups = P.K / kGroup, row_pairs = P.K / 2;
+  const __m512i low4 = _mm512_set1_epi32(0x000F000F);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int32_t* xq = P.xq + m0 * row_pairs;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = strip + g * kBlockBytes;
+    __m512i dot[R];
+    for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      const __m512i raw = _mm512_loadu_si512(block + 64 * j);  // lane c: channel c's 4 bytes
+      for (int p = 0; p < 4; ++p) {
+        const __m512i w = _mm512_and_si512(_mm512_srli_epi32(raw, 4 * p), low4);  // two k a lane, int16 each
+        for (int r = 0; r < R; ++r)
+          dot[r] = dot_pairs(dot[r], w, _mm512_set1_epi32(xq[r * row_pairs + g * kPairs + 4 * j + p]));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kNibbleBytes)));
+    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kNibbleBytes + 32)));
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = (m0 + r) * groups + g;
+      const __m512 t = _mm512_fmadd_ps(mn, _mm512_set1_ps(P.xsum[i]), _mm512_mul_ps(d, _mm512_cvtepi32_ps(dot[r])));
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(P.xs[i]), t, acc[r]);
     }
   }
-  alignas(64) float out[4][kStrip];
+  alignas(64) float out[kStrip];
   for (int r = 0; r < R; ++r) {
-    for (int a = 0; a < 4; ++a) _mm512_store_ps(out[a], acc[r][a]);
+    _mm512_store_ps(out, acc[r]);
     store_row(P, m0 + r, n0, out);
   }
 }
-
-// up to 4 rows: decode in registers, no scratch; the same w values and the same fmas per row in the same order
-// as decode_strip + tile (so a row's result does not depend on which of the two ran it)
-template <int R>
-void tile_direct(const Problem& P, const uint8_t* strip, int64_t n0) {
-  const __m512i low4 = _mm512_set1_epi32(0x0F);
-  __m512 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int a = 0; a < 4; ++a) acc[r][a] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < P.K / kGroup; ++g) {
-    const uint8_t* block = strip + g * kBlockBytes;
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kNibbleBytes)));
-    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kNibbleBytes + 32)));
-    for (int j = 0; j < 4; ++j) {
-      const __m512i raw = _mm512_loadu_si512(block + 64 * j);
-      for (int b = 0; b < 8; ++b) {
-        const int shift = b < 4 ? 8 * b : 8 * (b - 4) + 4;
-        const __m512 wk = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(raw, shift), low4)), d, mn);
-        const int64_t k = g * kGroup + 8 * j + b;
-        for (int r = 0; r < R; ++r) acc[r][b % 4] = _mm512_fmadd_ps(_mm512_set1_ps(P.x[r * P.K + k]), wk, acc[r][b % 4]);
-      }
-    }
-  }
-  alignas(64) float out[4][kStrip];
-  for (int r = 0; r < R; ++r) {
-    for (int a = 0; a < 4; ++a) _mm512_store_ps(out[a], acc[r][a]);
-    store_row(P, r, n0, out);
-  }
-}
 #else
-void decode_strip(const uint8_t* strip, int64_t groups, float* w) {
+template <int R>
+void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
+  const int64_t groups = P.K / kGroup, row_pairs = P.K / 2;
+  float acc[R][kStrip] = {};
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = strip + g * kBlockBytes;
-    float d[kStrip], mn[kStrip];
-    for (int64_t c = 0; c < kStrip; ++c) {
-      d[c] = half_bits_to_float(block + kNibbleBytes + 2 * c);
-      mn[c] = half_bits_to_float(block + kNibbleBytes + 32 + 2 * c);
-    }
-    float* wg = w + g * kGroup * kStrip;
-    for (int64_t j = 0; j < 4; ++j)
-      for (int64_t b = 0; b < 4; ++b)
-#pragma omp simd
+    int32_t dot[R][kStrip] = {};
+    for (int j = 0; j < 4; ++j)
+      for (int p = 0; p < 4; ++p)
         for (int64_t c = 0; c < kStrip; ++c) {
-          const uint8_t byte = block[64 * j + 4 * c + b];
-          wg[(8 * j + b) * kStrip + c] = std::fma(static_cast<float>(byte & 15), d[c], mn[c]);
-          wg[(8 * j + 4 + b) * kStrip + c] = std::fma(static_cast<float>(byte >> 4), d[c], mn[c]);
+          uint32_t raw;
+          std::memcpy(&raw, block + 64 * j + 4 * c, sizeof raw);
+          const int32_t lo = (raw >> (4 * p)) & 15, hi = (raw >> (4 * p + 16)) & 15;
+          for (int r = 0; r < R; ++r) {
+            const int32_t x = P.xq[(m0 + r) * row_pairs + g * kPairs + 4 * j + p];
+            dot[r][c] += lo * static_cast<int16_t>(x & 0xFFFF) + hi * static_cast<int16_t>(x >> 16);
+          }
         }
-  }
-}
-
-template <int R>
-void tile(const Problem& P, const float* w, int64_t m0, int64_t n0) {
-  float acc[R][4][kStrip] = {};
-  const float* x = P.x + m0 * P.K;
-  for (int64_t k = 0; k < P.K; k += 4)
-    for (int a = 0; a < 4; ++a)
+    for (int64_t c = 0; c < kStrip; ++c) {
+      const float d = half_bits_to_float(block + kNibbleBytes + 2 * c);
+      const float mn = half_bits_to_float(block + kNibbleBytes + 32 + 2 * c);
       for (int r = 0; r < R; ++r) {
-        const float xk = x[r * P.K + k + a];
-        const float* wk = w + (k + a) * kStrip;
-#pragma omp simd
-        for (int64_t c = 0; c < kStrip; ++c) acc[r][a][c] = std::fma(xk, wk[c], acc[r][a][c]);
+        const int64_t i = (m0 + r) * groups + g;
+        const float t = std::fma(mn, P.xsum[i], d * static_cast<float>(dot[r][c]));
+        acc[r][c] = std::fma(P.xs[i], t, acc[r][c]);
       }
+    }
+  }
   for (int r = 0; r < R; ++r) store_row(P, m0 + r, n0, acc[r]);
 }
 #endif
 
-void strip_rows(const Problem& P, const uint8_t* strip, int64_t n0, std::vector<float>& w) {
-#ifdef INFER_INT4_AVX512
-  switch (P.M) {
-    case 1: tile_direct<1>(P, strip, n0); return;
-    case 2: tile_direct<2>(P, strip, n0); return;
-    case 3: tile_direct<3>(P, strip, n0); return;
-    case 4: tile_direct<4>(P, strip, n0); return;
-    default: break;
-  }
-#endif
-  decode_strip(strip, P.K / kGroup, w.data());
+void strip_rows(const Problem& P, const uint8_t* strip, int64_t n0) {
   for (int64_t m0 = 0; m0 < P.M; m0 += kTileRows) {
-    switch (std::min(kTileRows, P.M - m0)) {
-      case 4: tile<4>(P, w.data(), m0, n0); break;
-      case 3: tile<3>(P, w.data(), m0, n0); break;
-      case 2: tile<2>(P, w.data(), m0, n0); break;
-      default: tile<1>(P, w.data(), m0, n0); break;
+    switch (std::min<int64_t>(kTileRows, P.M - m0)) {
+      case 8: tile<8>(P, strip, m0, n0); break;
+      case 7: tile<7>(P, strip, m0, n0); break;
+      case 6: tile<6>(P, strip, m0, n0); break;
+      case 5: tile<5>(P, strip, m0, n0); break;
+      case 4: tile<4>(P, strip, m0, n0); break;
+      case 3: tile<3>(P, strip, m0, n0); break;
+      case 2: tile<2>(P, strip, m0, n0); break;
+      default: tile<1>(P, strip, m0, n0); break;
     }
   }
 }
@@ -193,8 +190,7 @@ void strip_rows(const Problem& P, const uint8_t* strip, int64_t n0, std::vector<
 void run(const Problem& P) {
   const int64_t num_strips = (P.N + kStrip - 1) / kStrip, strip_bytes = (P.K / kGroup) * kBlockBytes;
   at::parallel_for(0, num_strips, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> w(P.K * kStrip);
-    for (int64_t s = begin; s < end; ++s) strip_rows(P, P.packed + s * strip_bytes, s * kStrip, w);
+    for (int64_t s = begin; s < end; ++s) strip_rows(P, P.packed + s * strip_bytes, s * kStrip);
   });
 }
 
@@ -219,7 +215,19 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
   if (M > 0) {
     // NOTE: inputs short of the padded K get zero columns (the padding weights are finite: 0 * w adds nothing)
     const at::Tensor xp = k_in == K ? xf : at::constant_pad_nd(xf, {0, K - k_in}, 0.0);
-    const Problem P{M, out_features, K, packed.const_data_ptr<uint8_t>(), xp.const_data_ptr<float>(),
+    const int64_t groups = K / kGroup;
+    at::Tensor xq = at::empty({M, K / 2}, x.options().dtype(at::kInt));
+    at::Tensor xs = at::empty({M, groups}, x.options().dtype(at::kFloat)), xsum = at::empty_like(xs);
+    const float* xp_data = xp.const_data_ptr<float>();
+    int32_t* xq_data = xq.mutable_data_ptr<int32_t>();
+    float *xs_data = xs.mutable_data_ptr<float>(), *xsum_data = xsum.mutable_data_ptr<float>();
+    const auto quantize = [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m)
+        quantize_row(xp_data + m * K, K, xq_data + m * (K / 2), xs_data + m * groups, xsum_data + m * groups);
+    };
+    if (M >= 2 * kQuantizeGrain) at::parallel_for(0, M, kQuantizeGrain, quantize);
+    else quantize(0, M);
+    const Problem P{M, out_features, K, packed.const_data_ptr<uint8_t>(), xq_data, xs_data, xsum_data,
                     bias.has_value() ? bias_f.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>()};
     run(P);
   }

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from infer.kernels import Int4Weight, Kernels
-from infer.kernels.int4 import GROUP, int4_linear_ref, quantize_int4
+from infer.kernels.int4 import GROUP, INT16_MAX, int4_linear_ref, quantize_activations, quantize_int4
 from tests.helpers.compiled import require_compiled_kernels
 
 
@@ -52,7 +52,10 @@ def test_in_features_not_a_multiple_of_the_group_are_padded_with_zero_inputs(ref
     w, x = _weight(24, 45), torch.randn(3, 45)
     q = reference.quantize(w, "int4")
     assert isinstance(q, Int4Weight) and q.padded_in_features == 64
-    exact = F.linear(x, q.dequantize()[:24, :45])
+    xq, s = quantize_activations(F.pad(x, (0, 64 - 45)))
+    x_hat = (xq * s[..., None]).view(3, 64)
+    assert torch.equal(x_hat[:, 45:], torch.zeros(3, 19))  # the padding quantizes to zeros
+    exact = F.linear(x_hat[:, :45], q.dequantize()[:24, :45])
     torch.testing.assert_close(reference.linear(x, q), exact, atol=1e-5, rtol=1e-5)
 
 
@@ -92,15 +95,15 @@ def test_group_edges_zero_groups_and_extreme_inputs() -> None:
 
 def _activations(rows: int, k: int, seed: int) -> torch.Tensor:
     """Like a transformer's inputs to a projection: mostly small, a few channels 100-1000x larger (every row),
-    groups whose largest value is tiny, and values at exact halves of their group's int8 step (x / (max|x| /
-    127) ending in .5, where rounding to a grid breaks ties)."""
+    groups whose largest value is tiny, and values at exact halves of their group's int16 step (x / (max|x| /
+    32767) ending in .5, where rounding to a grid breaks ties)."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=gen) * 0.05
     x[:, 7 % k] = 40.0 * (1 + torch.rand(rows, generator=gen))  # outlier channels
     x[:, (5 * k) // 8] = -25.0
     if k >= 96:
         x[:, 64:96] *= 1e-5  # a group with a tiny scale
-    grid = x[:, :32].abs().amax(dim=1, keepdim=True) / 127  # the first group's int8 step per row
+    grid = x[:, :32].abs().amax(dim=1, keepdim=True) / INT16_MAX  # the first group's int16 step per row
     x[:, 8:16] = grid * (torch.arange(8) + 3.5)  # ties: halves of the step
     return x
 
@@ -108,14 +111,15 @@ def _activations(rows: int, k: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (48, 100)])
 def test_real_activation_like_inputs_match_the_dequantized_matmul(n: int, k: int) -> None:
     # NOTE: the first kernel quantized inputs to int8 per group of 32 (Q8_1): an outlier rounded its group's
-    # small values to a step of max|x| / 127, 0.3-1.7% off per layer on SmolLM2, and changed a greedy answer
+    # small values to a step of max|x| / 127, 0.3-1.7% off per layer on SmolLM2, and changed a greedy answer;
+    # int16 inputs are 4-5e-5 off the fp32-input matmul here (outliers 1000x the rest), int4 weights ~5e-2
     require_compiled_kernels()
     q = quantize_int4(_weight(n, k, seed=1))
     for rows in (1, 5, 37):
         x = _activations(rows, k, seed=rows)
         got, expected = _kernel(x, q), int4_linear_ref(x, q)
         exact = F.linear(F.pad(x.double(), (0, q.padded_in_features - k)), q.dequantize()[:n].double())
-        assert float((got.double() - exact).norm() / exact.norm()) < 1e-6
+        assert float((got.double() - exact).norm() / exact.norm()) < 1e-4
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
 
 
