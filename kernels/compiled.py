@@ -4,7 +4,7 @@ the reference is the bottleneck, the reference for the rest.
 - attention: fp32 and bf16 caches (no per-step plan: the kernel walks the block tables itself);
 - RMSNorm, residual-add + RMSNorm, RoPE: fp32 (bf16 stays on the reference, which rounds as transformers does);
 - `linear`: an int8 weight runs `int8_linear` (`int8.py` describes the packing), an int4 weight `int4_linear`
-  (`int4.py`: a strip decoded to fp32 weights once per call, fp32 inputs); an fp32 or bf16 weight runs
+  (`int4.py`: inputs quantized to int16 per group of 32, integer dot products); an fp32 or bf16 weight runs
   `dense_linear` at any row count (without autograd); anything else `F.linear`;
 - the fused decoder stack (`fused.py`) for fp32 models: the same kernels, every layer in one C++ call.
 
