@@ -23,7 +23,7 @@ from infer.kernels.int4 import Int4Weight
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.interface import LinearWeight
 
-FORMATS = {torch.Tensor: 0, Int8Weight: 1, Int4Weight: 2}  # csrc/decoder_stack.cpp: Format (a new one: a case there too)
+FORMATS = {torch.Tensor: 0, Int8Weight: 1, Int4Weight: 2}  # csrc/decoder_stack.cpp: Format (a new one: a case there)
 _NONE = torch.empty(0)  # an absent tensor, as the C++ stack reads it
 
 
