@@ -26,16 +26,7 @@ from infer.engine.default_model import default_model_dir
 from infer.engine.runner import ModelRunner, SeqWork
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village by the sea,",
-    "The three primary colors are",
-    "To make a cup of tea, first",
-    "import numpy as np\n\ndef normalize(x):",
-    "The most important thing about learning a language is",
-    "Photosynthesis is the process by which",
-]
+PROMPTS: list[str] = json.loads((Path(__file__).resolve().parent / "parity_prompts.json").read_text(encoding="utf-8"))
 TEXT = (
     "The river runs past the old mill and under the stone bridge before it widens into the lake. "
     "In spring the water is high and brown with mud from the hills; by late summer it is clear enough "

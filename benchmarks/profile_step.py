@@ -10,6 +10,8 @@ forward, logits) and the sampler (greedy rows). For each configuration:
   whose kernels are recorded as child events) and torch's ops that read or write tensor data (every aten op
   but views, shape changes and allocations). Host: Python, op dispatch, tensor bookkeeping, the runner's
   `prepare`, the sampler's glue, and the profiler's own cost per event (so an upper bound);
+- host ms (step - kernels): the best unprofiled step less the least kernel time of a profiled step: host
+  work without the profiler's cost per event (an estimate: the two come from different steps);
 - kernel ms = step ms - host ms;
 - ops / layer: ops Python dispatches per step (the profiler's top-level events), over the layers;
 - parallel regions / layer: OpenMP fork/joins per step (`GOMP_parallel` calls, counted by a shim this script
@@ -100,6 +102,7 @@ def _region_counter() -> Callable[[], int] | None:
 class Figures:
     step_ms: float
     host_ms: float
+    host_unprofiled_ms: float
     ops_per_step: float
     regions_per_step: float | None
     top: list[tuple[str, float]]  # (op, self ms per step), most first
@@ -171,7 +174,8 @@ def measure(model: CausalLM, batch: int, steps: int, threads: int) -> Figures:
     host_us = min(m.time_range.end - m.time_range.start - k for m, k in zip(marks, kernel_us, strict=True))
     ops = [(e.key, e.self_cpu_time_total / 1e3 / steps) for e in prof.key_averages() if e.key != "step"]
     top = sorted(ops, key=lambda o: -o[1])
-    return Figures(best * 1e3, host_us / 1e3, len(top_level) / steps, regions, top)
+    unprofiled_us = max(0.0, best * 1e6 - min(kernel_us))
+    return Figures(best * 1e3, host_us / 1e3, unprofiled_us / 1e3, len(top_level) / steps, regions, top)
 
 
 def main() -> None:
@@ -195,7 +199,7 @@ def main() -> None:
                 with fused(models[q], on):
                     results[batch, q, on] = f = measure(models[q], batch, args.steps, args.threads)
                 print(f"batch {batch} {q} {'fused' if on else 'per-op'}: {f.step_ms:.2f} ms/step, "
-                      f"host {f.host_ms:.2f} ms", flush=True)  # fmt: skip
+                      f"host {f.host_ms:.2f} ms ({f.host_unprofiled_ms:.2f} unprofiled)", flush=True)  # fmt: skip
     args.out.write_text("\n".join(report(results, layers, args)) + "\n")
 
 
@@ -211,16 +215,19 @@ def report(results: dict[tuple[int, str, bool], Figures], layers: int, args: arg
         f"or allocations), the least of {args.steps} steps: Python, op dispatch, tensor bookkeeping, `prepare`, "
         "the sampler's glue, and the profiler's own cost per event (an upper bound). Kernel ms = step - host. "
         "Ops: the ops Python dispatches. Parallel regions: OpenMP fork/joins on 2 threads (`GOMP_parallel` "
-        "calls, counted by a preloaded shim).",
+        "calls, counted by a preloaded shim). Host ms (step - kernels): the best unprofiled step less the least "
+        "kernel time of a profiled step, host work without the profiler's cost per event (an estimate).",
         "",
-        "| batch | weights | path | step ms | kernel ms | host ms | ops / layer | parallel regions / layer |",
-        "|---:|---|---|---:|---:|---:|---:|---:|",
+        "| batch | weights | path | step ms | kernel ms | host ms | host ms (step - kernels) | ops / layer | "
+        "parallel regions / layer |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for (batch, q, on), f in results.items():
         regions = "n/a" if f.regions_per_step is None else f"{f.regions_per_step / layers:.1f}"
         lines.append(
             f"| {batch} | {'fp32' if q == 'none' else q} | {'fused' if on else 'per-op'} | {f.step_ms:.2f} | "
-            f"{f.kernel_ms:.2f} | {f.host_ms:.2f} | {f.ops_per_step / layers:.1f} | {regions} |"
+            f"{f.kernel_ms:.2f} | {f.host_ms:.2f} | {f.host_unprofiled_ms:.2f} | {f.ops_per_step / layers:.1f} | "
+            f"{regions} |"
         )
     for (batch, q, on), f in results.items():
         total = sum(ms for _, ms in f.top)

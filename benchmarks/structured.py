@@ -35,23 +35,7 @@ OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 CONCURRENT = 16
 
 
-def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-
-
-SHORT = {"type": "string", "maxLength": 16}
-SCHEMAS = {
-    "nested": _object({"user": _object({"name": SHORT, "address": _object(
-        {"city": SHORT, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, ["city", "zip"])}, ["name", "address"])},
-        ["user"]),
-    "array": _object({"tags": {"type": "array", "items": SHORT, "minItems": 1, "maxItems": 4}}, ["tags"]),
-    "enum": _object({"color": {"enum": ["red", "green", "blue"]}, "size": {"type": "string", "enum": ["S", "M"]}},
-                    ["color", "size"]),
-    "bounds": _object({"score": {"type": "number", "minimum": 0, "maximum": 1},
-                       "count": {"type": "integer", "minimum": -5, "maximum": 5}}, ["score", "count"]),
-    "optional": _object({"id": {"type": "integer", "minimum": 1, "maximum": 1000}, "note": SHORT,
-                         "done": {"type": "boolean"}}, ["id"]),
-}  # fmt: skip
+SCHEMAS: dict[str, Any] = json.loads((Path(__file__).resolve().parent / "structured_schemas.json").read_text())
 
 
 def bench_compile(llm: LLM) -> dict[str, Any]:

@@ -196,16 +196,18 @@ class Scheduler(Generic[R]):
 
     def _schedule_waiting(self, step: _Step, now_s: float) -> None:
         is_static = self.config.batching == "static"
-        for rid in list(self._waiting):
+        i = 0  # NOTE: by index, not over a copy of the queue: a step looks at its head, not at all of it
+        while i < len(self._waiting):
             if len(self._running) >= self.config.max_num_seqs or (step.budget_tokens == 0 and not is_static):
                 break
-            request = self.requests[rid]
+            request = self.requests[self._waiting[i]]
             if not request.is_ready:
+                i += 1
                 continue  # its grammar is compiling: the requests behind it do not wait for that
             admission = self._can_admit(request, step.budget_tokens)
             if admission is None:
                 break  # FCFS: nobody overtakes the head of the queue
-            self._admit(request, admission, step, now_s)
+            self._admit(request, admission, step, now_s)  # takes it out of the queue: i is the next one
 
     def _can_admit(self, request: R, budget_tokens: int) -> _Admission | None:
         """What admitting `request` now takes, or None when the budget or the free blocks do not allow it."""

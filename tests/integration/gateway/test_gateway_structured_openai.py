@@ -12,6 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from tests.helpers.bench_data import structured_schemas
 from tests.unit.server.gateway.gateway_helpers import RunningGateway
 
 
@@ -20,18 +21,7 @@ def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
 
 
 SHORT = {"type": "string", "maxLength": 16}
-SCHEMAS = {
-    "nested": _object({"user": _object({"name": SHORT, "address": _object(
-        {"city": SHORT, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, ["city", "zip"])}, ["name", "address"])},
-        ["user"]),
-    "array": _object({"tags": {"type": "array", "items": SHORT, "minItems": 1, "maxItems": 4}}, ["tags"]),
-    "enum": _object({"color": {"enum": ["red", "green", "blue"]}, "size": {"type": "string", "enum": ["S", "M"]}},
-                    ["color", "size"]),
-    "bounds": _object({"score": {"type": "number", "minimum": 0, "maximum": 1},
-                       "count": {"type": "integer", "minimum": -5, "maximum": 5}}, ["score", "count"]),
-    "optional": _object({"id": {"type": "integer", "minimum": 1, "maximum": 1000}, "note": SHORT,
-                         "done": {"type": "boolean"}}, ["id"]),
-}  # fmt: skip
+SCHEMAS = structured_schemas()  # benchmarks/structured.py's
 WEATHER: Any = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
     "parameters": _object({"city": SHORT}, ["city"])}}  # fmt: skip

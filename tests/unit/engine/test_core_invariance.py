@@ -17,17 +17,9 @@ from typing import Any
 import pytest
 
 from infer import LLM, SamplingParams
+from tests.helpers.bench_data import parity_prompts
 
-PROMPTS = [  # benchmarks/precision.py's parity prompts, as user messages
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village by the sea,",
-    "The three primary colors are",
-    "To make a cup of tea, first",
-    "import numpy as np\n\ndef normalize(x):",
-    "The most important thing about learning a language is",
-    "Photosynthesis is the process by which",
-]
+PROMPTS = parity_prompts()  # benchmarks/precision.py's, as user messages
 # engine settings per precision; int4 joins as one more entry
 PRECISIONS = {
     "fp32": {},

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
+from infer.engine import Constraint
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestStatus
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
+from infer.engine.structured_state import GrammarState
 
 
 def make(num_blocks: int = 64, **settings: Any) -> Scheduler:
@@ -216,3 +219,18 @@ def test_prefill_chunks_take_no_drafts() -> None:
     r.draft_token_ids = [11, 12]
     out = s.schedule(0.0)
     assert out.num_scheduled_tokens == {"a": 4} and not out.draft_token_ids
+
+
+def test_a_request_whose_grammar_is_compiling_waits_without_holding_up_the_queue() -> None:
+    s = make(max_num_batched_tokens=64)
+    first = add(s, "compiling", 4)
+    first.grammar = GrammarState(Constraint.regex("[a-z]+"), Future())  # no matcher yet
+    add(s, "b", 4)
+    add(s, "c", 4)
+    out = step(s)
+    assert list(out.num_scheduled_tokens) == ["b", "c"]  # the two behind it, in order
+    assert first.status is RequestStatus.WAITING and [r.request_id for r in s.waiting] == ["compiling"]
+    first.grammar.matcher = object()  # type: ignore[assignment]  # compiled: ready
+    out = step(s)
+    assert out.num_scheduled_tokens["compiling"] == 4
+    assert first.status is RequestStatus.RUNNING
