@@ -157,7 +157,7 @@ test-image: $(DEV_STAMP)
 	$(BIN)/python -m tests.image.check_image
 
 # online serving: every engine configuration, then every precision (speculation on/off) vs llama.cpp's llama-server
-# (when `make peers` built it) in alternating rounds, input-grounded and random-token workloads (~1 h: an estimate);
+# (when `make peers` built it) in alternating rounds, input-grounded and random-token workloads (41 min on 2 quiet cores; bench-offline 44);
 # shorter: make bench-serving ARGS='--scale 0.25 --max-tokens 16 --rounds 1'
 bench-serving: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/serving.py $(ARGS)
