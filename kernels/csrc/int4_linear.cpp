@@ -216,11 +216,13 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
     // NOTE: inputs short of the padded K get zero columns (the padding weights are finite: 0 * w adds nothing)
     const at::Tensor xp = k_in == K ? xf : at::constant_pad_nd(xf, {0, K - k_in}, 0.0);
     const int64_t groups = K / kGroup;
-    at::Tensor xq = at::empty({M, K / 2}, x.options().dtype(at::kInt));
-    at::Tensor xs = at::empty({M, groups}, x.options().dtype(at::kFloat)), xsum = at::empty_like(xs);
+    // the quantized inputs: buffers of the calling thread, reused (no allocation per call on the decode path)
+    thread_local std::vector<int32_t> xq;
+    thread_local std::vector<float> xs, xsum;
+    xq.resize(M * (K / 2)), xs.resize(M * groups), xsum.resize(M * groups);
     const float* xp_data = xp.const_data_ptr<float>();
-    int32_t* xq_data = xq.mutable_data_ptr<int32_t>();
-    float *xs_data = xs.mutable_data_ptr<float>(), *xsum_data = xsum.mutable_data_ptr<float>();
+    int32_t* xq_data = xq.data();
+    float *xs_data = xs.data(), *xsum_data = xsum.data();
     const auto quantize = [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m)
         quantize_row(xp_data + m * K, K, xq_data + m * (K / 2), xs_data + m * groups, xsum_data + m * groups);
