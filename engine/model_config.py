@@ -7,12 +7,12 @@ from typing import Any
 
 from infer.kernels import RopeConfig
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "gemma3_text", "gemma3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma3_text", "gemma3")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model_type: str  # llama | qwen3 | gemma3_text
+    model_type: str  # llama | qwen2 | qwen3 | gemma3_text
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -91,7 +91,8 @@ def _common(cfg: dict[str, Any]) -> dict[str, Any]:
         "head_dim": head_dim,
         "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
         "max_position_embeddings": int(cfg.get("max_position_embeddings", 8192)),
-        "attention_bias": bool(cfg.get("attention_bias", False)),
+        # Qwen2 has q/k/v biases and no `attention_bias` field
+        "attention_bias": bool(cfg.get("attention_bias", cfg["model_type"] == "qwen2")),
         "eos_token_ids": _eos_ids(cfg.get("eos_token_id")),
         "bos_token_id": cfg.get("bos_token_id"),
     }

@@ -1,4 +1,4 @@
-"""Tiny random Llama, Qwen3 and Gemma 3 checkpoints made with transformers, for reference tests."""
+"""Tiny random Llama, Qwen2, Qwen3 and Gemma 3 checkpoints made with transformers, for reference tests."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 VOCAB = 128
 SERVABLE_VOCAB = 320  # the tokenizer's: 256 bytes, 3 specials, merges
-ARCHS = ("llama", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 def _config(arch: str, **overrides: Any) -> Any:
@@ -25,6 +25,9 @@ def _config(arch: str, **overrides: Any) -> Any:
         rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
         return tf.LlamaConfig(**common, head_dim=16, rope_parameters=rope, tie_word_embeddings=False)
+    if arch == "qwen2":  # q/k/v biases, an untied head
+        return tf.Qwen2Config(**common, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                              tie_word_embeddings=False)  # fmt: skip
     if arch == "qwen3":
         return tf.Qwen3Config(**common, head_dim=32, rope_parameters={"rope_type": "default",
                               "rope_theta": 1e6}, tie_word_embeddings=True)  # fmt: skip
