@@ -1,0 +1,122 @@
+"""A GGUF file's hyperparameters as a `ModelConfig`: the `<arch>.*` metadata keys, read as llama.cpp reads them.
+
+The metadata is turned into the fields of a Hugging Face `config.json` and parsed by the same code as one, so a
+GGUF file and the directory transformers would convert it to give the same `ModelConfig`. Facts that llama.cpp
+keeps in code rather than in the file are filled in as it does: Gemma 3's sliding-window pattern (every sixth
+layer global), its local RoPE base (10,000) and its query scale (1/sqrt(head_dim)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from infer.engine.model_config import ModelConfig, parse_model_config
+
+# llama.cpp's architecture name -> our model_type
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+GEMMA3_SLIDING_PATTERN = 6  # llama.cpp: every sixth Gemma 3 layer attends globally
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+
+
+class GGUFConfigError(ValueError):
+    """The metadata does not describe a model we serve; the message names the field."""
+
+
+def short_float(value: float) -> float:
+    """GGUF stores float32: 1e-6 reads back as 9.99999997e-07; keep the digits float32 actually has."""
+    return float(f"{float(value):.7g}")
+
+
+def architecture(meta: Mapping[str, Any]) -> str:
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        supported = ", ".join(ARCHITECTURES)
+        raise GGUFConfigError(f"general.architecture: unsupported {arch!r} (supported: {supported})")
+    return str(arch)
+
+
+def _field(meta: Mapping[str, Any], key: str) -> Any:
+    if key not in meta:
+        raise GGUFConfigError(f"missing metadata field {key!r}")
+    return meta[key]
+
+
+def hf_config(meta: Mapping[str, Any], vocab_size: int, has_output: bool) -> dict[str, Any]:
+    """The `config.json` fields transformers would write for this file. `vocab_size`: rows of the token
+    embedding; `has_output`: whether the file has its own `output.weight` (else the embedding is tied)."""
+    arch = architecture(meta)
+
+    def get(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default) if default is not None else _field(meta, f"{arch}.{key}")
+
+    num_heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // num_heads)
+    rope_theta = short_float(get("rope.freq_base", 10000.0))
+    cfg: dict[str, Any] = {
+        "model_type": ARCHITECTURES[arch],
+        "vocab_size": vocab_size,
+        "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", num_heads)),
+        "head_dim": head_dim,
+        "max_position_embeddings": int(get("context_length")),
+        "rms_norm_eps": short_float(get("attention.layer_norm_rms_epsilon")),
+        "rope_theta": rope_theta,
+        "tie_word_embeddings": not has_output,
+        "eos_token_id": eos_token_ids(meta),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+    }
+    scaling = _rope_scaling(meta, arch)
+    if scaling:
+        cfg["rope_scaling"] = scaling
+    if arch == "gemma3":
+        cfg.update(_gemma3(meta, cfg))
+    return cfg
+
+
+def _rope_scaling(meta: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    factor = meta.get(f"{arch}.rope.scaling.factor")
+    if kind in (None, "none") or factor in (None, 1.0):
+        return {}
+    if kind != "linear":
+        raise GGUFConfigError(f"{arch}.rope.scaling.type: unsupported {kind!r} (supported: linear)")
+    return {"rope_type": "linear", "factor": short_float(factor)}
+
+
+def _gemma3(meta: Mapping[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    num_layers = cfg["num_hidden_layers"]
+    pattern = GEMMA3_SLIDING_PATTERN
+    layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    global_rope = {"rope_type": "default", "rope_theta": cfg["rope_theta"], **cfg.pop("rope_scaling", {})}
+    return {
+        "sliding_window": int(_field(meta, "gemma3.attention.sliding_window")),
+        "layer_types": layer_types,
+        "query_pre_attn_scalar": cfg["head_dim"],
+        "rope_parameters": {
+            "full_attention": global_rope,
+            "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_ROPE_BASE},
+        },
+        "hidden_activation": "gelu_pytorch_tanh",
+        "attn_logit_softcapping": meta.get("gemma3.attn_logit_softcapping"),
+        "final_logit_softcapping": meta.get("gemma3.final_logit_softcapping"),
+    }
+
+
+def eos_token_ids(meta: Mapping[str, Any]) -> list[int]:
+    """Every id that ends a generation: the eos, end-of-turn and end-of-message tokens the file names."""
+    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+    return list(dict.fromkeys(int(meta[k]) for k in keys if meta.get(k) is not None))
+
+
+def gguf_model_config(meta: Mapping[str, Any], vocab_size: int, has_output: bool) -> ModelConfig:
+    try:
+        return parse_model_config(hf_config(meta, vocab_size, has_output))
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, GGUFConfigError):
+            raise
+        raise GGUFConfigError(str(e)) from None
