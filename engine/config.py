@@ -11,13 +11,14 @@ from infer.engine.speculative import MAX_SPECULATIVE_TOKENS
 from infer.engine.validation import check
 
 DEFAULT_MAX_MODEL_LEN = 2048  # when the model allows as much
-QUANTIZATIONS = ("none", "int8", "int4")
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # a Hugging Face directory; None = the default model
+    model: str | None = None  # a Hugging Face directory or a GGUF file; None = the default model
+    chat_template: str | None = None  # a Jinja file that replaces the model's chat template (None: the model's)
     max_model_len: int = 0  # prompt + generated tokens of one request; 0 = min(2048, the model's max positions)
     max_num_seqs: int = 64  # requests running at once
     # token budget of one step. NOTE: 256, not 512: on 2 CPU cores a 512-token prefill chunk held every decoding
@@ -33,7 +34,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     static_batch_wait_s: float = 0.05  # static batching: how long to gather a batch
     dtype: str = "float32"
-    quantization: str = "none"  # none | int8 (per-output-channel scales) | int4 (groups of 32, Q4_1-like); CPU
+    # auto: a GGUF file's own bits, a Hugging Face directory's floats | none: floats | int8 (per-output-channel
+    # scales) | int4 (groups of 32, Q4_1-like): weight-only, CPU
+    quantization: str = "auto"
     device: str = "cpu"
     seed: int = 0
     speculative_tokens: int = 0  # n-gram drafts per step for requests that do not say (0 = off)

@@ -1,6 +1,7 @@
-"""Load a Hugging Face model directory: `load_model` reads `config.json` once, chooses the kernel backend for the
-device and dtype, builds the model, fills it from the safetensors weights (one file or sharded), places it,
-quantizes it and hands its layers to the backend's fused stack where there is one."""
+"""Load a model: a Hugging Face directory or a GGUF file. `load_model` reads the config once (`config.json`, or
+the GGUF metadata), chooses the kernel backend for the device and dtype, builds the model, fills it from the
+safetensors weights (one file or sharded) or the GGUF tensors (kept in their own bits: `gguf/weights.py`),
+places it, quantizes it and hands its layers to the backend's fused stack where there is one."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import torch
 from safetensors import safe_open
 
 from infer.engine.config import EngineConfig
+from infer.engine.gguf.config import GGUFConfigError, gguf_model_config
+from infer.engine.gguf.source import GGUFSource, GGUFSourceError, find_gguf, open_gguf
+from infer.engine.gguf.weights import GGUFWeightError, fill_model
 from infer.engine.interface import ModelInfo
 from infer.engine.model_config import ModelConfig, parse_model_config
 from infer.engine.models import CausalLM, Target, checkpoint_target, convert_tensor
@@ -107,24 +111,71 @@ def _load_weights(model: CausalLM, files: list[Path]) -> None:
         raise ModelLoadError(f"weights missing from checkpoint: {', '.join(sorted(missing)[:5])}")
 
 
-def load_model(model_dir: str | Path, config: EngineConfig | None = None, kernels: str | None = None) -> CausalLM:
-    """The model a directory describes, loaded for `config` (its device, dtype, max_model_len and quantization;
-    the defaults when None) on the kernel backend `kernels` names (None: INFER_KERNELS), chosen here, once.
+def load_model(model_path: str | Path, config: EngineConfig | None = None, kernels: str | None = None) -> CausalLM:
+    """The model a directory or GGUF file describes, loaded for `config` (its device, dtype, max_model_len and
+    quantization; the defaults when None) on the kernel backend `kernels` names (None: INFER_KERNELS), chosen
+    here, once.
 
-    `config.json` is read once; `model.cfg` is what it says. ValueError when `config.max_model_len` is more
-    than the model's positions (before any weight is read), ModelLoadError for a directory we cannot load.
+    The config is read once; `model.cfg` is what it says. ValueError when `config.max_model_len` is more
+    than the model's positions (before any weight is read), ModelLoadError for a model we cannot load.
     """
-    model_dir, config = Path(model_dir), config or EngineConfig()
-    if not model_dir.is_dir():
-        raise ModelLoadError(f"model directory not found: {model_dir}")
-    cfg = load_model_config(model_dir)
+    path, config = Path(model_path), config or EngineConfig()
+    gguf_file = _find_gguf(path)
+    if gguf_file is not None:
+        return load_gguf_model(open_source(gguf_file), config, kernels)
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory not found: {path}")
+    cfg = load_model_config(path)
     max_model_len = config.for_model(cfg.max_position_embeddings).max_model_len
-    files = weight_files(model_dir)
+    files = weight_files(path)
     backend = select_kernels(config.device, config.torch_dtype, kernels)
     with torch.device("cpu"):
         model = CausalLM(cfg, backend, max_positions=max_model_len)
     _load_weights(model, files)
-    return model.to_device(torch.device(config.device), config.torch_dtype).eval().quantize(config.quantization).fuse()
+    quantization = "none" if config.quantization == "auto" else config.quantization
+    return model.to_device(torch.device(config.device), config.torch_dtype).eval().quantize(quantization).fuse()
+
+
+def _find_gguf(path: Path) -> Path | None:
+    try:
+        return find_gguf(path)
+    except GGUFSourceError as e:
+        raise ModelLoadError(str(e)) from None
+
+
+def open_source(gguf_file: Path) -> GGUFSource:
+    """The GGUF file's metadata and tensors; ModelLoadError naming the file when it cannot be read."""
+    try:
+        return open_gguf(gguf_file)
+    except GGUFSourceError as e:
+        raise ModelLoadError(str(e)) from None
+
+
+def gguf_config(source: GGUFSource) -> ModelConfig:
+    embedding = source.tensor("token_embd.weight")
+    if embedding is None:
+        raise ModelLoadError(f"{source.path}: no token_embd.weight tensor")
+    try:
+        return gguf_model_config(source.meta, embedding.shape[0], source.tensor("output.weight") is not None)
+    except GGUFConfigError as e:
+        raise ModelLoadError(f"{source.path}: {e}") from None
+
+
+def load_gguf_model(source: GGUFSource, config: EngineConfig, kernels: str | None = None) -> CausalLM:
+    """A GGUF file's model: `quantization` auto keeps every tensor's own bits (`gguf/weights.py`); none, int8 and
+    int4 dequantize the file to floats first (none stops there)."""
+    cfg = gguf_config(source)
+    max_model_len = config.for_model(cfg.max_position_embeddings).max_model_len
+    backend = select_kernels(config.device, config.torch_dtype, kernels)
+    with torch.device("cpu"):
+        model = CausalLM(cfg, backend, max_positions=max_model_len)
+    keep = config.quantization == "auto"
+    try:
+        fill_model(model, str(source.meta["general.architecture"]), source.tensors, keep=keep)
+    except GGUFWeightError as e:
+        raise ModelLoadError(f"{source.path}: {e}") from None
+    quantization = "none" if keep else config.quantization
+    return model.to_device(torch.device(config.device), config.torch_dtype).eval().quantize(quantization).fuse()
 
 
 def resolve_model_dir(model: str | None) -> Path:
@@ -136,21 +187,47 @@ def resolve_model_dir(model: str | None) -> Path:
 
 
 def load_engine(config: EngineConfig) -> tuple[EngineConfig, ModelRunner, Tokenizer, ModelInfo]:
-    """An engine core's parts for the model directory `config.model` names (the default model when None): the
-    config settled for the model, the runner with its KV cache, the tokenizer and what clients see."""
-    model_dir = resolve_model_dir(config.model)
-    model = load_model(model_dir, config)
-    model_config = model.cfg
-    config = config.for_model(model_config.max_position_embeddings)
-    tokenizer = Tokenizer.from_dir(model_dir, model_config.eos_token_ids)
+    """An engine core's parts for the model `config.model` names (a directory or a GGUF file; the default model
+    when None): the config settled for the model, the runner with its KV cache, the tokenizer and what clients
+    see."""
+    path = resolve_model_dir(config.model)
+    template = read_chat_template(config.chat_template)
+    gguf_file = _find_gguf(path)
+    if gguf_file is not None:
+        source = open_source(gguf_file)
+        model, model_id = load_gguf_model(source, config), source.name
+        tokenizer = gguf_tokenizer(source, template)
+    else:
+        model, model_id = load_model(path, config), path.name
+        tokenizer = Tokenizer.from_dir(path, model.cfg.eos_token_ids)
+        if template is not None:
+            tokenizer.chat_template = template
+    config = config.for_model(model.cfg.max_position_embeddings)
     block_bytes = kv_cache_bytes_per_block(model, config.block_size, config.torch_dtype)
     num_blocks = config.num_blocks or config.kv_cache_memory_bytes // block_bytes
     info = ModelInfo(
-        model_id=model_dir.name,
-        model_dir=str(model_dir),
-        vocab_size=model_config.vocab_size,
-        eos_token_ids=tuple(sorted(tokenizer.eos_token_ids)),  # config.json's among them
+        model_id=model_id,
+        model_dir=str(path),
+        vocab_size=model.cfg.vocab_size,
+        eos_token_ids=tuple(sorted(tokenizer.eos_token_ids)),  # the model config's among them
         has_chat_template=tokenizer.chat_template is not None,
         kernels=model.kernels.name,
     )
     return config, ModelRunner(model, num_blocks, config.block_size), tokenizer, info
+
+
+def read_chat_template(path: str | None) -> str | None:
+    """The text of a `--chat-template` file (None: the model's own)."""
+    if path is None:
+        return None
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"chat template {path}: {e}") from None
+
+
+def gguf_tokenizer(source: GGUFSource, chat_template: str | None) -> Tokenizer:
+    """The tokenizer a GGUF file describes (`gguf/tokenizer.py`), the file's chat template unless one is given."""
+    from infer.engine.gguf.tokenizer import tokenizer_from_gguf
+
+    return tokenizer_from_gguf(source.meta, str(source.path), chat_template)

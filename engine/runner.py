@@ -61,7 +61,7 @@ class ModelRunner:
         self.kernels = model.kernels
         self.buffers = StepBuffers()
         self.sliding_windows = frozenset(model.sliding_windows)
-        cfg, weight = model.cfg, model.embed_tokens
+        cfg, weight = model.cfg, model.norm.weight  # NOTE: not the embedding, which may be kept packed
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.device, self.dtype = weight.device, weight.dtype
         self.kv_caches = [

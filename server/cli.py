@@ -13,14 +13,17 @@ def _add_model_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help="a Hugging Face model directory (default: SmolLM2-135M-Instruct, converted once into the cache)",
+        help="a Hugging Face model directory or a GGUF file (default: SmolLM2-135M-Instruct, converted once into "
+        "the cache)",
     )
 
 
 def _generate(args: argparse.Namespace) -> int:
     from infer.engine import LLM, SamplingParams
 
-    llm = LLM(args.model, max_model_len=args.max_model_len, quantization=args.quantization)
+    llm = LLM(
+        args.model, max_model_len=args.max_model_len, quantization=args.quantization, chat_template=args.chat_template
+    )
     prompt = llm.tokenizer.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     for delta in llm.stream(prompt, params):
@@ -91,8 +94,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--max-model-len", type=int, default=0, help="0 = the smaller of 2048 and the model's")
     gen.add_argument(
-        "--quantization", default="none", help="weight-only int8 or int4 linear layers (CPU), or none (default)"
+        "--quantization",
+        default="auto",
+        help="auto (default: a GGUF file's own bits, a directory's floats), none (floats), or weight-only int8 or "
+        "int4 linear layers (CPU)",
     )
+    gen.add_argument("--chat-template", default=None, help="a Jinja file that replaces the model's chat template")
     gen.set_defaults(func=_generate)
     _add_serve_parser(sub, with_settings=argv is None or "serve" in argv)
     prepare = sub.add_parser(

@@ -206,7 +206,16 @@ SETTINGS: tuple[Setting, ...] = (
         "gRPC: how long streams may still run on a connection past its age, then they are cut (none = until they "
         "end: age never cuts a generation)",
     ),
-    Setting("model", _optional_str, "a Hugging Face model directory (default: SmolLM2-135M-Instruct)"),
+    Setting(
+        "model",
+        _optional_str,
+        "a Hugging Face model directory or a GGUF file (default: SmolLM2-135M-Instruct)",
+    ),
+    Setting(
+        "chat_template",
+        _optional_str,
+        "a Jinja chat-template file that replaces the model's (for a model without one; default: the model's)",
+    ),
     Setting("max_model_len", int, "prompt + generated tokens of one request (0 = min(2048, the model's))"),
     Setting("max_num_seqs", int, "requests running at once"),
     Setting("max_num_batched_tokens", int, "token budget of one engine step"),
@@ -225,8 +234,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "quantization",
         str,
-        "weight-only linear layers (CPU): int8 (a scale per output channel), int4 (a scale and minimum per "
-        "32 inputs, like Q4_1), or none",
+        "weights: auto (a GGUF file's own quantized bits; a directory's floats), none (floats), or weight-only "
+        "linear layers (CPU) int8 (a scale per output channel) or int4 (a scale and minimum per 32 inputs, like "
+        "Q4_1)",
         choices=QUANTIZATIONS,
     ),
     Setting("device", str, "torch device (cpu, cuda, cuda:1, ...)"),

@@ -24,6 +24,7 @@ from infer.kernels import (
     FusedDecoder,
     Kernels,
     LayerWeights,
+    PackedWeight,
     RotaryAngles,
     cos_sin_cache,
 )
@@ -157,6 +158,17 @@ class CausalLM(nn.Module):
         num_positions = max_positions or cfg.max_position_embeddings
         self.rope_caches = [cos_sin_cache(r, num_positions) for r in ropes]
         self.fused: FusedDecoder | None = None  # the kernels' fused stack over the layers (`fuse`)
+        self.embed_packed: PackedWeight | None = None  # the token embedding kept packed (`keep_embedding_packed`)
+
+    def keep_embedding_packed(self, table: PackedWeight) -> None:
+        """Look tokens up in `table` (a quantized file's own embedding, `[vocab, hidden]`), dequantizing only the
+        step's rows; a tied LM head multiplies by the same table. The float table is dropped unfilled."""
+        if table.shape != tuple(self.embed_tokens.shape):
+            raise ValueError(f"an embedding table of shape {table.shape}, expected {tuple(self.embed_tokens.shape)}")
+        self.embed_packed = table
+        self.embed_tokens = empty_param(0, self.cfg.hidden_size)
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.use_packed(table)
 
     def to_device(self, device: torch.device, dtype: torch.dtype) -> CausalLM:
         self.to(device=device, dtype=dtype)
@@ -195,7 +207,10 @@ class CausalLM(nn.Module):
         return tuple(RotaryAngles.lookup(positions, cache) for cache in self.rope_caches)
 
     def forward(self, step: StepInput) -> torch.Tensor:  # [num_tokens, hidden]
-        x = F.embedding(step.input_ids, self.embed_tokens)
+        if self.embed_packed is not None:
+            x = self.embed_packed.rows(step.input_ids).to(self.norm.weight.dtype)
+        else:
+            x = F.embedding(step.input_ids, self.embed_tokens)
         if self.cfg.embed_scale != 1.0:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         if self.fused is not None:

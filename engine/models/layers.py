@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from infer.kernels import Kernels, LinearWeight
+from infer.kernels import Kernels, LinearWeight, PackedWeight
 
 
 def empty_param(*shape: int) -> nn.Parameter:
@@ -28,7 +28,7 @@ class Linear(nn.Module):
         weight: nn.Parameter | None = None,  # a parameter shared with another module (a tied LM head)
     ) -> None:
         super().__init__()
-        self.kernels = kernels
+        self.kernels, self.in_features, self.out_features = kernels, in_features, out_features
         self.weight = weight if weight is not None else empty_param(out_features, in_features)
         self.bias = empty_param(out_features) if bias else None
 
@@ -36,9 +36,15 @@ class Linear(nn.Module):
         """Pack the float weight as `method` (int8); a shared weight stays as it is for its other owner."""
         if not isinstance(self.weight, torch.Tensor):
             raise ValueError(f"this layer's weight is packed already ({type(self.weight).__name__})")
-        packed = self.kernels.quantize(self.weight, method)
+        self.use_packed(self.kernels.quantize(self.weight, method))
+
+    def use_packed(self, weight: PackedWeight) -> None:
+        """Run on `weight`, a packed form of this layer's weight (quantized, or a file's own bits)."""
+        if weight.shape != (self.out_features, self.in_features):
+            raise ValueError(f"a packed weight of shape {weight.shape} for a [{self.out_features}, "
+                             f"{self.in_features}] layer")  # fmt: skip
         del self.weight  # NOTE: a packed weight is no parameter: unregister the float one, then keep the packed
-        self.weight = packed
+        self.weight = weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in_features] -> [..., out_features]
         return self.kernels.linear(x, self.weight, self.bias)

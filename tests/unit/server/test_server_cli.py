@@ -78,4 +78,4 @@ def test_generate_takes_a_quantization_and_refuses_an_unknown_one(
     assert seen["quantization"] == "int4"
     monkeypatch.undo()
     assert main(["generate", "Hi", "--quantization", "fp8"]) == 2
-    assert "quantization: must be one of none, int8, int4" in capsys.readouterr().err
+    assert "quantization: must be one of auto, none, int8, int4" in capsys.readouterr().err

@@ -1,0 +1,228 @@
+"""A GGUF file's tensors into our model: names mapped once, each tensor keeping the bits it was shipped with.
+
+`fill_model` puts every tensor of the file into a freshly built `CausalLM`:
+- float tensors (F32, F16, BF16: norms, biases, float weights) are copied into the model's parameters;
+- quantized weights of the linear layers are decoded into grouped form (`quants.decode`, exact) and packed into
+  one of the kernels' formats without a second rounding: all-4-bit parts (Q4_0, Q4_1, Q4_K) into int4, the
+  rest (and fused projections whose parts differ, e.g. a Q4_K q/k beside a Q6_K v) into the 8-bit grouped format,
+  whose int8 codes hold every type's codes; scales and minimums stay fp16 where the file's were, fp32 where
+  K-quant sub-block scales were folded in;
+- a quantized token embedding stays packed (rows dequantized per step); a tied LM head reads the same table.
+With `keep=False` every tensor is dequantized to float parameters instead (`--quantization none`, int8, int4).
+
+llama.cpp interleaves the two rotary halves of each head's q and k rows for the `llama` architecture only;
+those rows are put back in Hugging Face order (a row permutation: codes and scales move with their rows).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from infer.engine.gguf.quants import Grouped, decode, float_tensor, is_float
+from infer.engine.models import CausalLM, Linear, Target, checkpoint_target
+from infer.kernels import PackedWeight, pack_int4, pack_int8g
+
+logger = logging.getLogger(__name__)
+
+# GGUF per-layer tensor names -> Hugging Face module names (after `model.layers.N.`)
+_LAYER = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# Gemma 3's four norms: llama.cpp's `ffn_norm` is the one before the feed-forward
+_GEMMA3_LAYER = {**_LAYER, "ffn_norm": "pre_feedforward_layernorm"}
+_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+class GGUFWeightError(ValueError):
+    """A tensor the model cannot take; the message names it."""
+
+
+@dataclass(frozen=True)
+class FileTensor:
+    """One tensor of the file, in torch's dimension order (slowest first)."""
+
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]
+    data: np.ndarray  # the file's bytes or values (a view of its memory map)
+
+    @classmethod
+    def from_reader(cls, t: Any) -> FileTensor:
+        return cls(t.name, t.tensor_type, tuple(int(d) for d in reversed(t.shape)), t.data)
+
+    @property
+    def is_float(self) -> bool:
+        return is_float(self.tensor_type)
+
+    def as_float(self) -> np.ndarray:  # float32 in `shape`
+        if self.is_float:
+            return float_tensor(self.data, self.tensor_type, self.shape)
+        return self.grouped().dequantize().reshape(self.shape)
+
+    def grouped(self) -> Grouped:
+        rows, cols = (1, self.shape[0]) if len(self.shape) == 1 else (int(np.prod(self.shape[:-1])), self.shape[-1])
+        try:
+            return decode(self.data, self.tensor_type, rows, cols)
+        except ValueError as e:
+            raise GGUFWeightError(f"tensor {self.name!r}: {e}") from None
+
+
+def hf_name(arch: str, name: str) -> str:
+    """The Hugging Face checkpoint name of GGUF tensor `name`; GGUFWeightError for one we do not know."""
+    stem, _, suffix = name.rpartition(".")
+    parts = stem.split(".")
+    layer_names = _GEMMA3_LAYER if arch == "gemma3" else _LAYER
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"
+    if stem in _GLOBAL:
+        return f"{_GLOBAL[stem]}.{suffix}"
+    raise GGUFWeightError(f"unexpected tensor {name!r} for architecture {arch!r}")
+
+
+def _unpermute(rows: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's interleaved rotary halves of q/k rows, back in Hugging Face order (any trailing shape)."""
+    n = rows.shape[0]
+    return rows.reshape(num_heads, n // num_heads // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def _permuted_heads(model: CausalLM, arch: str, hf: str) -> int | None:
+    if arch != "llama":
+        return None
+    if hf.endswith("self_attn.q_proj.weight"):
+        return model.cfg.num_heads
+    if hf.endswith("self_attn.k_proj.weight"):
+        return model.cfg.num_kv_heads
+    return None
+
+
+@dataclass(frozen=True)
+class _Part:
+    target: Target
+    tensor: FileTensor
+    heads: int | None  # rows to un-permute with this many heads (llama q/k), else None
+
+    def as_float(self) -> np.ndarray:
+        w = self.tensor.as_float()
+        return w if self.heads is None else _unpermute(w, self.heads)
+
+    def grouped(self) -> Grouped:
+        g = self.tensor.grouped()
+        if self.heads is None:
+            return g
+        minimum = None if g.minimum is None else _unpermute(g.minimum, self.heads)
+        return Grouped(_unpermute(g.codes, self.heads), _unpermute(g.scale, self.heads), minimum, g.group, g.exact)
+
+
+def pack_grouped(parts: Sequence[Grouped]) -> PackedWeight:
+    """Row blocks of one weight (q, k, v; gate, up) in one packed format, exactly: int4 when every part is 4-bit
+    in groups of 32, else the 8-bit grouped format at the finest group of the parts."""
+    fp16 = all(p.scales_fit_fp16 for p in parts)
+    scale_dtype = torch.float16 if fp16 else torch.float32
+    if all(p.is_4bit for p in parts):
+        codes = torch.from_numpy(np.concatenate([p.codes for p in parts]).view(np.uint8))
+        d = torch.from_numpy(np.concatenate([p.scale for p in parts]))
+        m = torch.from_numpy(np.concatenate([p.minimum for p in parts if p.minimum is not None]))
+        return pack_int4(codes, d, m, scale_dtype)
+    group = min(p.group for p in parts)
+    symmetric = all(p.minimum is None for p in parts)
+    scales, minimums = [], []
+    for p in parts:
+        repeat = p.group // group  # a group of 32 is two groups of 16 with the same scale
+        scales.append(np.repeat(p.scale, repeat, axis=1))
+        minimums.append(np.zeros_like(scales[-1]) if p.minimum is None else np.repeat(p.minimum, repeat, axis=1))
+    codes8 = torch.from_numpy(np.concatenate([p.codes for p in parts]))
+    m8 = None if symmetric else torch.from_numpy(np.concatenate(minimums))
+    return pack_int8g(codes8, torch.from_numpy(np.concatenate(scales)), m8, group, scale_dtype)
+
+
+def _packable(parts: Sequence[_Part], param: str) -> bool:
+    return param.endswith("proj.weight") or param in ("lm_head.weight", "embed_tokens")
+
+
+def _fill_float(param: torch.Tensor, parts: Sequence[_Part]) -> None:
+    for part in parts:
+        t = part.target
+        dest = param if t.num_rows is None else param.narrow(0, t.row_start, t.num_rows)
+        w = torch.from_numpy(part.as_float())
+        if tuple(dest.shape) != tuple(w.shape):
+            raise GGUFWeightError(
+                f"tensor {part.tensor.name!r} has shape {tuple(w.shape)}, expected {tuple(dest.shape)} for this model"
+            )
+        dest.copy_(w)
+
+
+def _pack(parts: Sequence[_Part], shape: tuple[int, ...]) -> PackedWeight:
+    grouped = [p.grouped() for p in sorted(parts, key=lambda p: p.target.row_start)]
+    rows = sum(g.shape[0] for g in grouped)
+    for p, g in zip(parts, grouped, strict=True):
+        if g.shape[1] != shape[1]:
+            raise GGUFWeightError(f"tensor {p.tensor.name!r} has {g.shape[1]} columns, expected {shape[1]}")
+        if not g.exact:
+            logger.info("%s: %s has no exact 8-bit grouped form; rounded to int8 groups of 32", p.tensor.name,
+                        p.tensor.tensor_type.name)  # fmt: skip
+    if rows != shape[0]:
+        raise GGUFWeightError(f"{', '.join(p.tensor.name for p in parts)}: {rows} rows, expected {shape[0]}")
+    return pack_grouped(grouped)
+
+
+def _collect(model: CausalLM, arch: str, tensors: Sequence[FileTensor]) -> dict[str, list[_Part]]:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    by_param: dict[str, list[_Part]] = defaultdict(list)
+    for tensor in tensors:
+        hf = hf_name(arch, tensor.name)
+        try:
+            target = checkpoint_target(model.cfg, hf)
+        except ValueError:
+            raise GGUFWeightError(f"unexpected tensor {tensor.name!r} for {model.cfg.model_type}") from None
+        if target is None:
+            continue
+        if target.param not in params:
+            raise GGUFWeightError(f"unexpected tensor {tensor.name!r} for {model.cfg.model_type}")
+        by_param[target.param].append(_Part(target, tensor, _permuted_heads(model, arch, hf)))
+    if model.cfg.tie_word_embeddings:
+        params.pop("lm_head.weight", None)
+    missing = sorted(n for n, p in params.items() if sum(_rows(q, p) for q in by_param.get(n, [])) != p.shape[0])
+    if missing:
+        raise GGUFWeightError(f"tensors missing from the file: {', '.join(missing[:5])}")
+    return by_param
+
+
+def _rows(part: _Part, param: torch.Tensor) -> int:
+    return part.target.num_rows if part.target.num_rows is not None else param.shape[0]
+
+
+def fill_model(model: CausalLM, arch: str, tensors: Sequence[FileTensor], keep: bool) -> None:
+    """Every tensor of the file into `model` (see the module doc); GGUFWeightError naming a tensor that does not
+    fit. `keep`: quantized linear weights and the embedding stay in their bits; else all become floats."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name, parts in _collect(model, arch, tensors).items():
+        param = params[name]
+        if keep and _packable(parts, name) and not any(p.tensor.is_float for p in parts):
+            packed = _pack(parts, tuple(param.shape))
+            if name == "embed_tokens":
+                model.keep_embedding_packed(packed)
+            else:
+                module = model.get_submodule(name.removesuffix(".weight"))
+                assert isinstance(module, Linear)
+                module.use_packed(packed)
+        else:
+            _fill_float(param, parts)
