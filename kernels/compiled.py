@@ -3,9 +3,10 @@ the reference is the bottleneck, the reference for the rest.
 
 - attention: fp32 and bf16 caches (no per-step plan: the kernel walks the block tables itself);
 - RMSNorm, residual-add + RMSNorm, RoPE: fp32 (bf16 stays on the reference, which rounds as transformers does);
-- `linear`: an int8 weight runs `int8_linear` (`int8.py` describes the packing), an int4 weight `int4_linear`
-  (`int4.py`: inputs quantized to int16 per group of 32, integer dot products); an fp32 or bf16 weight runs
-  `dense_linear` at any row count (without autograd); anything else `F.linear`;
+- `linear`: a packed weight runs its own compiled op (`PackedWeight.linear_compiled`): int8 `int8_linear`
+  (`int8.py` describes the packing), int4 `int4_linear` and int8g `int8g_linear` (`int4.py`, `int8g.py`: inputs
+  quantized to int16 per group, integer dot products); an fp32 or bf16 weight runs `dense_linear` at any row
+  count (without autograd); anything else `F.linear`;
 - the fused decoder stack (`fused.py`) for fp32 models: the same kernels, every layer in one C++ call.
 
 Batch invariance: every op here computes a row (a token) the same way whatever else is in the call, so a
@@ -22,9 +23,8 @@ import torch
 from infer.kernels import cpu
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
 from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights, fusable
-from infer.kernels.int4 import Int4Weight
-from infer.kernels.int8 import Int8Weight
 from infer.kernels.interface import LinearWeight
+from infer.kernels.packed import PackedWeight
 from infer.kernels.reference import ReferenceKernels, over_rows
 from infer.kernels.rotary import RotaryAngles
 
@@ -90,14 +90,8 @@ class CompiledCpuKernels(ReferenceKernels):
 
     def linear(self, x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        if isinstance(weight, Int8Weight):
-            y: torch.Tensor = torch.ops.infer_cpu.int8_linear(
-                x2, weight.packed, weight.scale, bias, weight.out_features
-            )
-            return over_rows(x, weight.out_features, y)
-        if isinstance(weight, Int4Weight):
-            y = torch.ops.infer_cpu.int4_linear(x2, weight.packed, bias, weight.out_features)
-            return over_rows(x, weight.out_features, y)
+        if isinstance(weight, PackedWeight):
+            return over_rows(x, weight.out_features, weight.linear_compiled(x2, bias))
         if takes_dense_linear(x2, weight):
             return over_rows(x, weight.shape[0], torch.ops.infer_cpu.dense_linear(x2, weight, bias))
         return super().linear(x, weight, bias)

@@ -6,8 +6,9 @@ The model hands its layers over once, at load (`Kernels.fuse_decoder`); a backen
 order, so its hidden states are bit-identical to it, for decode tokens and prefill chunks alike; what it
 saves is the Python and the dispatch around ~12 ops a layer.
 
-It takes fp32 activations (the compiled norms and RoPE are fp32 only) with fp32, int8 or int4 weights; a model in
-another dtype, or a weight format it does not know, is not fused (`fusable`).
+It takes fp32 activations (the compiled norms and RoPE are fp32 only) with fp32 weights or any packed format
+(`PackedWeight.format_id`, `fused_args`), mixed freely across a layer's projections; a model in another dtype,
+or a weight it does not know, is not fused (`fusable`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,10 @@ from typing import Any
 import torch
 
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
-from infer.kernels.int4 import Int4Weight
-from infer.kernels.int8 import Int8Weight
 from infer.kernels.interface import LinearWeight
+from infer.kernels.packed import NO_TENSOR, PackedWeight, bias_arg
 
-FORMATS = {torch.Tensor: 0, Int8Weight: 1, Int4Weight: 2}  # csrc/decoder_stack.cpp: Format (a new one: a case there)
-_NONE = torch.empty(0)  # an absent tensor, as the C++ stack reads it
+FLOAT_FORMAT = 0  # csrc/decoder_stack.cpp: Format; packed formats carry theirs (`PackedWeight.format_id`)
 
 
 @dataclass(frozen=True)
@@ -63,13 +62,13 @@ class LayerWeights:
         return self.qkv, self.o, self.gate_up, self.down
 
 
-def _weight_format(weight: object) -> int | None:  # object: a format added to LinearWeight but not here
-    if isinstance(weight, (Int8Weight, Int4Weight)):
-        return FORMATS[type(weight)]
-    if not isinstance(weight, torch.Tensor):  # a packed format the stack does not know: the model runs op by op
+def _weight_format(weight: object) -> int | None:  # object: anything a model may hold
+    if isinstance(weight, PackedWeight):
+        return weight.format_id
+    if not isinstance(weight, torch.Tensor):  # a weight the stack does not know: the model runs op by op
         return None
     if weight.dtype == torch.float32 and weight.is_contiguous() and not weight.requires_grad:
-        return FORMATS[torch.Tensor]
+        return FLOAT_FORMAT
     return None
 
 
@@ -82,15 +81,12 @@ def fusable(shape: DecoderShape, layers: Sequence[LayerWeights]) -> bool:
 
 
 def _linear_args(weight: LinearWeight, bias: torch.Tensor | None) -> tuple[list[torch.Tensor], int, int]:
-    """(weight, scale, bias) tensors, format, out_features."""
-    b = _NONE if bias is None else bias.float().contiguous()
-    if isinstance(weight, Int8Weight):
-        return [weight.packed, weight.scale, b], FORMATS[Int8Weight], weight.out_features
-    if isinstance(weight, Int4Weight):  # the scales live in the packed blocks
-        return [weight.packed, _NONE, b], FORMATS[Int4Weight], weight.out_features
+    """(weight, aux, bias) tensors, format, out_features."""
+    if isinstance(weight, PackedWeight):
+        return weight.fused_args(bias), weight.format_id, weight.out_features
     if not isinstance(weight, torch.Tensor):  # `fusable` turned the model down
-        raise TypeError(f"the fused stack takes fp32, int8 and int4 weights, not {type(weight).__name__}")
-    return [weight, _NONE, b], FORMATS[torch.Tensor], weight.shape[0]
+        raise TypeError(f"the fused stack takes fp32 and packed weights, not {type(weight).__name__}")
+    return [weight, NO_TENSOR, bias_arg(bias)], FLOAT_FORMAT, weight.shape[0]
 
 
 class FusedDecoder:
@@ -117,7 +113,7 @@ class FusedDecoder:
             out_features.append(n)
         spec = layer.attention
         self._stack.add_layer(
-            [_NONE if n is None else n.contiguous() for n in norms], tensors, formats, out_features,
+            [NO_TENSOR if n is None else n.contiguous() for n in norms], tensors, formats, out_features,
             [spec.scale, spec.softcap or 0.0], spec.sliding_window or 0, layer.rope,
         )  # fmt: skip
 

@@ -1,115 +1,178 @@
-"""Weight-only int4 linear layers: group-wise asymmetric quantization (like llama.cpp's Q4_1), packing, references.
+"""Weight-only int4 linear layers: group-wise asymmetric int4 (like llama.cpp's Q4_1), packing, references.
 
 A weight `[N, K]` is cut into groups of `GROUP` (32) input features per output
-channel; each group gets a scale `d` and a minimum `m` (fp16, as Q4_1 stores
-them) with `w ~ d * q + m`, `q` in 0..15 (round to nearest, `d = (max - min) / 15`).
-`in_features` that are not a multiple of 32 are padded with zero columns (an
-input is padded with zeros the same way, so the padding adds nothing).
+channel; each group gets a scale `d` and a minimum `m` with `w = d * q + m`, `q`
+in 0..15. `quantize_int4` rounds to nearest (`d = (max - min) / 15`, fp16 as Q4_1
+stores them); `pack_int4` packs given codes, scales and minimums, stored as fp16
+or, exactly, as fp32 (K-quants' scales, `d_super * sc`, need up to 17 bits).
+`in_features` that are not a multiple of 32 are padded with zero codes (an input
+is padded with zeros the same way, so the padding adds nothing).
 
 Packed for the compiled kernel (`csrc/int4_linear.cpp`) as one byte stream per
-strip of 16 output channels, `[N_pad / 16, K_pad / 32, BLOCK_BYTES]` uint8: each
-group's 320-byte block is 4 x 64 bytes of nibbles (64 bytes hold 16 channels x
-8 k: byte `4 c + b` holds k `8 j + b` in its low nibble and `8 j + 4 + b` in its
-high nibble, for the j-th 64 bytes), then `d` and `m` as 16 fp16 each. A strip
-is read front to back, once per call.
+strip of 16 output channels, `[N_pad / 16, K_pad / 32, 320 | 384]` uint8: each
+group's block is 4 x 64 bytes of nibbles (64 bytes hold 16 channels x 8 k: byte
+`4 c + b` holds k `8 j + b` in its low nibble and `8 j + 4 + b` in its high
+nibble, for the j-th 64 bytes), then `d` and `m` as 16 fp16 each (320 bytes) or
+16 fp32 each (384 bytes). A strip is read front to back, once per call.
 
-Inputs are quantized per row and group of 32 to int16 (`quantize_activations`:
-`s = max|x| / 32767`, `xq = round(x / s)`), so the kernel's products are exact
-integers (`csrc/int4_linear.cpp`: 32 per instruction, no float conversion per
-weight) and a row's result is the same whatever the rows beside it (batch
-invariant). The step `max|x| / 32767` moves a layer's output by ~1e-5, far
-below the int4 weights' own error. (int8 inputs per group, as llama.cpp's Q8_1,
-were tried first and dropped: a group holding one large activation rounds its
-small ones to a step of `max|x| / 127`, which moved SmolLM2's layers by up to
-1.3% and changed a greedy answer.) `int4_linear_ref` is the reference: the
-same activation quantization, dequantized weights, an fp64 matmul.
+Inputs are quantized per row and group of 32 to int16 (`packed.quantize_activations`),
+so the kernel's products are exact integers (32 per instruction, no float conversion
+per weight) and a row's result is the same whatever the rows beside it (batch
+invariant). The step `max|x| / 32767` moves a layer's output by ~1e-5, far below
+the int4 weights' own error. (int8 inputs per group, as llama.cpp's Q8_1, were
+tried first and dropped: a group holding one large activation rounds its small
+ones to a step of `max|x| / 127`, which moved SmolLM2's layers by up to 1.3% and
+changed a greedy answer.) `int4_linear_ref` is the reference: the same activation
+quantization, dequantized weights, an fp64 matmul.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from infer.kernels.packed import (
+    FP16_MAX,
+    FP16_TINY,
+    INT16_MAX,
+    NO_TENSOR,
+    STRIP,
+    PackedWeight,
+    bias_arg,
+    channel_of,
+    check_scale_dtype,
+    quantize_activations,
+    round_up,
+    stored_scales,
+)
+
+__all__ = ["GROUP", "INT16_MAX", "Int4Weight", "int4_linear_ref", "pack_int4", "quantize_activations", "quantize_int4"]
+
 GROUP = 32  # input features per scale and minimum
-STRIP = 16  # output channels per packed strip
 NIBBLE_BYTES = STRIP * GROUP // 2  # 256: one group of a strip's weights
-BLOCK_BYTES = NIBBLE_BYTES + 2 * STRIP * 2  # 320: nibbles, then d and m as fp16
-FP16_MAX, FP16_TINY = 65504.0, 2.0**-24  # fp16's largest value and smallest (subnormal) step
-INT16_MAX = 32767  # activations: round(x / s) with s = max|x| / INT16_MAX per group
+BLOCK_BYTES = {torch.float16: NIBBLE_BYTES + 2 * STRIP * 2, torch.float32: NIBBLE_BYTES + 2 * STRIP * 4}  # 320, 384
 
 
 @dataclass(frozen=True)
-class Int4Weight:
-    """A quantized `[out_features, in_features]` weight, packed for the kernel (see the module's docstring)."""
+class Int4Weight(PackedWeight):
+    """A `[out_features, in_features]` int4 weight, packed for the kernel (see the module's docstring)."""
 
-    packed: torch.Tensor  # [N_pad / 16, K_pad / 32, 320] uint8
+    format_id: ClassVar[int] = 2
+    packed: torch.Tensor  # [N_pad / 16, K_pad / 32, 320 | 384] uint8
     out_features: int
     in_features: int
 
     @property
-    def shape(self) -> tuple[int, int]:
-        return self.out_features, self.in_features
+    def scale_dtype(self) -> torch.dtype:
+        return torch.float16 if self.packed.shape[2] == BLOCK_BYTES[torch.float16] else torch.float32
 
     @property
     def padded_in_features(self) -> int:
         return self.packed.shape[1] * GROUP
 
     def codes(self) -> torch.Tensor:  # [N_pad, K_pad] uint8, 0..15
-        strips, groups = self.packed.shape[:2]
-        nib = self.packed[..., :NIBBLE_BYTES].reshape(strips, groups, 4, STRIP, 4)  # [s, g, j, c, b]
-        both = torch.stack((nib & 15, nib >> 4), dim=4)  # [s, g, j, c, half, b]: k = 8 j + 4 half + b
-        return both.permute(0, 3, 1, 2, 4, 5).reshape(strips * STRIP, groups * GROUP)
+        return _codes(self.packed).reshape(-1, self.padded_in_features)
 
     def scales(self) -> tuple[torch.Tensor, torch.Tensor]:  # d, m: [N_pad, K_pad / 32] fp32 each
-        strips, groups = self.packed.shape[:2]
-        tail = self.packed[..., NIBBLE_BYTES:].contiguous().view(torch.float16).float()  # [s, g, 32]
-        d, m = (t.permute(0, 2, 1).reshape(strips * STRIP, groups) for t in (tail[..., :STRIP], tail[..., STRIP:]))
-        return d, m
+        d, m = _scales(self.packed, self.scale_dtype)
+        return d.reshape(-1, d.shape[2]), m.reshape(-1, m.shape[2])
 
-    def dequantize(self) -> torch.Tensor:  # [N_pad, K_pad] fp32 (the padding included)
+    def dequantize(self) -> torch.Tensor:  # [out_features, in_features] fp32
+        return self.dequantize_padded()[: self.out_features, : self.in_features]
+
+    def dequantize_padded(self) -> torch.Tensor:  # [N_pad, K_pad] fp32: `codes * d + m`, two fp32 ops (no fma)
         d, m = self.scales()
-        q = self.codes().float().view(d.shape[0], d.shape[1], GROUP)
-        return (q * d[..., None] + m[..., None]).view(d.shape[0], -1)
+        return _values(self.codes(), d, m)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:  # [n] -> [n, in_features] fp32
+        strip, channel = channel_of(ids, self.out_features)
+        blocks = self.packed[strip]  # [n, G, block]: the strips of the rows asked for
+        pick = torch.arange(blocks.shape[0])
+        nib = blocks[..., :NIBBLE_BYTES].reshape(*blocks.shape[:2], 4, STRIP, 4)[pick, :, :, channel]  # [n, g, j, b]
+        d, m = (t[pick, channel] for t in _scales(blocks, self.scale_dtype))  # [n, G]
+        return _values(_nibbles(nib), d, m)[:, : self.in_features]
+
+    def linear_reference(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return int4_linear_ref(x, self, bias)
+
+    def linear_compiled(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.infer_cpu.int4_linear(x, self.packed, bias, self.out_features)
+        return y
+
+    def fused_args(self, bias: torch.Tensor | None) -> list[torch.Tensor]:
+        return [self.packed, NO_TENSOR, bias_arg(bias)]  # the scales live in the packed blocks
+
+
+def _codes(blocks: torch.Tensor) -> torch.Tensor:  # [s, G, block] uint8 -> [s, 16, K_pad] uint8
+    strips, groups = blocks.shape[:2]
+    nib = blocks[..., :NIBBLE_BYTES].reshape(strips, groups, 4, STRIP, 4)  # [s, g, j, c, b]
+    return _nibbles(nib.permute(0, 3, 1, 2, 4))
+
+
+def _nibbles(nib: torch.Tensor) -> torch.Tensor:  # [..., G, 4 (j), 4 (b)] bytes of one channel -> [..., K_pad]
+    both = torch.stack((nib & 15, nib >> 4), dim=-2)  # [..., g, j, half, b]: k = 8 j + 4 half + b
+    return both.reshape(*nib.shape[:-3], -1)
+
+
+def _scales(blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # d, m: [s, 16, G]
+    tail = blocks[..., NIBBLE_BYTES:].contiguous().view(dtype).float()  # [s, G, 32]
+    return tail[..., :STRIP].transpose(1, 2), tail[..., STRIP:].transpose(1, 2)
+
+
+def _values(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """codes [n, K_pad], d and m [n, K_pad / 32] -> [n, K_pad] fp32: a product, then a sum (two roundings)."""
+    q = codes.float().view(d.shape[0], d.shape[1], GROUP)
+    return (q * d[..., None] + m[..., None]).view(d.shape[0], -1)
+
+
+def pack_int4(
+    codes: torch.Tensor,  # [N, K] uint8, 0..15
+    d: torch.Tensor,  # [N, ceil(K / 32)] fp32
+    m: torch.Tensor,  # [N, ceil(K / 32)] fp32
+    scale_dtype: torch.dtype = torch.float16,  # fp16 rounds d and m to nearest; fp32 keeps them exactly
+) -> Int4Weight:
+    """Given codes, scales and minimums (`w = d * q + m` per group of 32) packed for the kernel."""
+    check_scale_dtype(scale_dtype)
+    n, k = codes.shape
+    groups = -(-k // GROUP)
+    if codes.dtype != torch.uint8 or (codes.numel() > 0 and int(codes.max()) > 15):
+        raise ValueError("int4: codes must be uint8 in 0..15")
+    if d.shape != (n, groups) or m.shape != (n, groups):
+        raise ValueError(f"int4: d and m must be [{n}, {groups}], got {tuple(d.shape)} and {tuple(m.shape)}")
+    n_pad = round_up(n, STRIP)
+    q = F.pad(codes.cpu(), (0, groups * GROUP - k, 0, n_pad - n))  # [N_pad, K_pad]: zero codes in the padding
+    d_s, m_s = (F.pad(stored_scales(t.float().cpu(), scale_dtype, "int4"), (0, 0, 0, n_pad - n)) for t in (d, m))
+    return Int4Weight(_pack(q, d_s, m_s), n, k)
 
 
 def quantize_int4(weight: torch.Tensor) -> Int4Weight:  # weight: [N, K] float
-    """Group-wise asymmetric int4 (round to nearest over each group's min..max), packed for the kernel."""
+    """Group-wise asymmetric int4 (round to nearest over each group's min..max), fp16 scales, packed."""
     n, k = weight.shape
-    n_pad, k_pad = -(-n // STRIP) * STRIP, -(-k // GROUP) * GROUP
+    k_pad = round_up(k, GROUP)
     w = weight.detach().float().cpu()
     if not bool(w.isfinite().all()) or (w.numel() > 0 and float(w.abs().max()) > FP16_MAX):
         raise ValueError(f"int4: weights must be finite and within fp16's range (|w| <= {FP16_MAX})")
     lo = F.pad(w, (0, k_pad - k), value=float("inf")).view(n, -1, GROUP).amin(dim=2)  # [N, G]
     hi = F.pad(w, (0, k_pad - k), value=float("-inf")).view(n, -1, GROUP).amax(dim=2)
     # NOTE: d and m are rounded to fp16 first, then the codes chosen against the stored values
-    m = lo.half()
-    d = ((hi - m.float()) / 15).clamp(min=FP16_TINY).half()
+    m = lo.half().float()
+    d = ((hi - m) / 15).clamp(min=FP16_TINY).half().float()
     wg = F.pad(w, (0, k_pad - k)).view(n, -1, GROUP)
-    q = torch.round((wg - m.float()[..., None]) / d.float()[..., None]).clamp(0, 15).to(torch.uint8)
-    q = F.pad(q.view(n, k_pad), (0, 0, 0, n_pad - n))  # [N_pad, K_pad]
-    d, m = (F.pad(t, (0, 0, 0, n_pad - n)) for t in (d, m))
-    return Int4Weight(_pack(q, d, m), n, k)
+    q = torch.round((wg - m[..., None]) / d[..., None]).clamp(0, 15).to(torch.uint8).view(n, k_pad)
+    return pack_int4(q[:, :k], d, m, torch.float16)
 
 
 def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """q [N_pad, K_pad] uint8 codes, d and m [N_pad, G] fp16 -> [N_pad / 16, G, 320] uint8 blocks."""
+    """q [N_pad, K_pad] uint8 codes, d and m [N_pad, G] (fp16 or fp32) -> [N_pad / 16, G, 320 | 384] uint8."""
     n_pad, k_pad = q.shape
     strips, groups = n_pad // STRIP, k_pad // GROUP
     q6 = q.view(strips, STRIP, groups, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)  # [s, g, j, c, half, b]
     nibbles = (q6[..., 0, :] | (q6[..., 1, :] << 4)).reshape(strips, groups, NIBBLE_BYTES)
-    dm = torch.cat([t.view(strips, STRIP, groups).permute(0, 2, 1) for t in (d, m)], dim=2)  # [s, g, 32] fp16
+    dm = torch.cat([t.view(strips, STRIP, groups).permute(0, 2, 1) for t in (d, m)], dim=2)  # [s, g, 32]
     return torch.cat((nibbles, dm.contiguous().view(torch.uint8)), dim=2).contiguous()
-
-
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K_pad] fp32 -> (xq [M, K_pad / 32, 32] integers as fp32, s [M, K_pad / 32]): x ~ s * xq per group,
-    the kernel's operations (an fp32 division, round half to even); an all-zero group has s = 0, xq = 0."""
-    xg = x.float().reshape(x.shape[0], -1, GROUP)
-    s = xg.abs().amax(dim=2) / INT16_MAX
-    xq = torch.where(s[..., None] > 0, torch.round(xg / s[..., None]), torch.zeros((), dtype=torch.float32))
-    return xq, s
 
 
 def int4_linear_ref(
@@ -122,7 +185,7 @@ def int4_linear_ref(
     n, k_pad = weight.out_features, weight.padded_in_features
     xq, s = quantize_activations(F.pad(x.float(), (0, k_pad - x.shape[1])))
     x_hat = (xq.double() * s.double()[..., None]).view(x.shape[0], k_pad)
-    y = F.linear(x_hat, weight.dequantize()[:n].double())
+    y = F.linear(x_hat, weight.dequantize_padded()[:n].double())
     if bias is not None:
         y = y + bias.double()
     return y.to(x.dtype)

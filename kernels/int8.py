@@ -13,30 +13,46 @@ fp32 at 64 rows as well as at one; elsewhere it computes in fp32.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-STRIP = 16  # output channels per packed strip
+from infer.kernels.packed import STRIP, PackedWeight, bias_arg, channel_of
 
 
 @dataclass(frozen=True)
-class Int8Weight:
+class Int8Weight(PackedWeight):
     """A quantized `[out_features, in_features]` weight, packed for the kernel."""
 
+    format_id: ClassVar[int] = 1
     packed: torch.Tensor  # [N_pad / 16, K_pad / 2, 16, 2] int8
     scale: torch.Tensor  # [N_pad] fp32 (0 in padding rows)
     out_features: int
     in_features: int
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.out_features, self.in_features
-
     def unpack(self) -> torch.Tensor:  # [out_features, in_features] int8
         strips, pairs = self.packed.shape[:2]
         q = self.packed.permute(0, 2, 1, 3).reshape(strips * STRIP, pairs * 2)
         return q[: self.out_features, : self.in_features]
+
+    def dequantize(self) -> torch.Tensor:  # [out_features, in_features] fp32: q * scale
+        return self.unpack().float() * self.scale[: self.out_features, None]
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:  # [n] -> [n, in_features] fp32
+        strip, channel = channel_of(ids, self.out_features)
+        q = self.packed[strip, :, channel].reshape(len(strip), -1)[:, : self.in_features]  # [n, K]
+        return q.float() * self.scale[strip * STRIP + channel, None]
+
+    def linear_reference(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return int8_linear_ref(x, self, bias)
+
+    def linear_compiled(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.infer_cpu.int8_linear(x, self.packed, self.scale, bias, self.out_features)
+        return y
+
+    def fused_args(self, bias: torch.Tensor | None) -> list[torch.Tensor]:
+        return [self.packed, self.scale, bias_arg(bias)]
 
 
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:  # weight: [N, K] float

@@ -10,7 +10,7 @@ Backends: `ReferenceKernels` (PyTorch, runs anywhere: the oracle and the
 fallback), `CompiledCpuKernels` (C++ kernels built ahead of time, `cpu.py`) and
 `TritonKernels` (CUDA, or Triton's interpreter in tests). The last two extend
 the reference and fall back to it, op by op, for inputs their kernels do not
-take (a bf16 RMSNorm on the CPU, an int8 or int4 weight under Triton).
+take (a bf16 RMSNorm on the CPU, a packed weight under Triton: its `linear_reference`).
 """
 
 from __future__ import annotations
@@ -22,16 +22,15 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
-from infer.kernels.int4 import Int4Weight
-from infer.kernels.int8 import Int8Weight
+from infer.kernels.packed import PackedWeight
 from infer.kernels.rotary import RotaryAngles
 
 if TYPE_CHECKING:
     from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights
 
-# a linear layer's weight: float [out_features, in_features], or a packed format a backend's `linear` reads
-# (int8, int4; a new format is one more member here, a case in `quantize` and in `linear`)
-LinearWeight = torch.Tensor | Int8Weight | Int4Weight
+# a linear layer's weight: float [out_features, in_features], or a packed format (`PackedWeight`: int8, int4,
+# int8g), which runs itself (its reference, compiled op and fused-stack arguments); a new format is a new class
+LinearWeight = torch.Tensor | PackedWeight
 
 
 class Kernels(ABC):
@@ -117,8 +116,8 @@ class Kernels(ABC):
         """`x @ weight.T + bias` for any weight format this backend packs."""
 
     @abstractmethod
-    def quantize(self, weight: torch.Tensor, method: str) -> LinearWeight:  # weight: [out_features, in_features]
-        """`weight` in the packed format of `method` (int8, int4), as this backend's `linear` reads it."""
+    def quantize(self, weight: torch.Tensor, method: str) -> PackedWeight:  # weight: [out_features, in_features]
+        """`weight` in the packed format of `method` (int8, int4, int8g), as this backend's `linear` reads it."""
 
     # per model
     def fuse_decoder(self, shape: DecoderShape, layers: Sequence[LayerWeights]) -> FusedDecoder | None:

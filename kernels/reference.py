@@ -21,12 +21,18 @@ from infer.kernels.attention import (
     paged_attention_ref,
     plan_attention_ref,
 )
-from infer.kernels.int4 import Int4Weight, int4_linear_ref, quantize_int4
-from infer.kernels.int8 import Int8Weight, int8_linear_ref, quantize_int8
+from infer.kernels.int4 import quantize_int4
+from infer.kernels.int8 import quantize_int8
+from infer.kernels.int8g import quantize_int8g
 from infer.kernels.interface import Kernels, LinearWeight
+from infer.kernels.packed import PackedWeight
 from infer.kernels.rotary import RotaryAngles
 
-QUANTIZERS: dict[str, Callable[[torch.Tensor], LinearWeight]] = {"int8": quantize_int8, "int4": quantize_int4}
+QUANTIZERS: dict[str, Callable[[torch.Tensor], PackedWeight]] = {
+    "int8": quantize_int8,
+    "int4": quantize_int4,
+    "int8g": quantize_int8g,
+}
 
 
 @dataclass(frozen=True)
@@ -85,15 +91,13 @@ class ReferenceKernels(Kernels):
         return activation.gelu_tanh_and_mul_ref(x)
 
     def linear(self, x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if isinstance(weight, Int8Weight):
-            return over_rows(x, weight.out_features, int8_linear_ref(x.reshape(-1, x.shape[-1]), weight, bias))
-        if isinstance(weight, Int4Weight):
-            return over_rows(x, weight.out_features, int4_linear_ref(x.reshape(-1, x.shape[-1]), weight, bias))
+        if isinstance(weight, PackedWeight):  # NOTE: also the Triton backend's path for every packed format
+            return over_rows(x, weight.out_features, weight.linear_reference(x.reshape(-1, x.shape[-1]), bias))
         return F.linear(x, weight, bias)
 
-    def quantize(self, weight: torch.Tensor, method: str) -> LinearWeight:
+    def quantize(self, weight: torch.Tensor, method: str) -> PackedWeight:
         if method not in QUANTIZERS:
-            raise ValueError(f"quantization {method!r}: the {self.title} kernels pack {' and '.join(QUANTIZERS)} only")
+            raise ValueError(f"quantization {method!r}: the {self.title} kernels pack {', '.join(QUANTIZERS)} only")
         if self.device.type != "cpu":
             raise ValueError(f"{method} quantization runs on the CPU only")
         return QUANTIZERS[method](weight)

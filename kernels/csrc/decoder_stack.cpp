@@ -6,7 +6,7 @@
 // (built once at load) and its forward calls the same kernels directly, layer after layer, in the same
 // order with the same arguments, so the result is bit-identical to the per-op path for any rows (decode
 // tokens and prefill chunks alike). Linear layers go through one entry, `linear`, that switches on the
-// weight's format; a new format is one more case there and in kernels/fused.py.
+// weight's format (kernels/packed.py: a format's `format_id` and `fused_args`); a new format is one more case.
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -20,15 +20,18 @@
 namespace infer_cpu {
 namespace {
 
-enum Format : int64_t { kFloat = 0, kInt8 = 1, kInt4 = 2 };  // kernels/fused.py: FORMATS
+// kernels/fused.py: FLOAT_FORMAT; the packed formats' `format_id` (int8.py, int4.py, int8g.py)
+enum Format : int64_t { kFloat = 0, kInt8 = 1, kInt4 = 2, kInt8G = 3 };
 
 struct Linear {
   int64_t format = kFloat;
   at::Tensor weight;  // kFloat: [N, K] fp32, rows contiguous; kInt8: packed [N_pad / 16, K_pad / 2, 16, 2];
-                      // kInt4: packed [N_pad / 16, K_pad / 32, 320]
-  at::Tensor scale;   // kInt8: [N_pad] fp32 (kInt4 keeps its scales in the blocks)
+                      // kInt4: packed [N_pad / 16, K_pad / 32, 320 | 384]; kInt8G: packed [N_pad / 16, K / G, block]
+  at::Tensor scale;   // kInt8: [N_pad] fp32 (kInt4 and kInt8G keep their scales in the blocks)
   c10::optional<at::Tensor> bias;
   int64_t out_features = 0;
+  int64_t group = 0, scale_bytes = 0;  // kInt8G: the layout (its aux tensor: group, scale bytes, has_min)
+  bool has_min = false;
 };
 
 // each kernel call is a profiler event (benchmarks/profile_step.py counts their time as kernel time)
@@ -40,6 +43,7 @@ at::Tensor linear(const at::Tensor& x, const Linear& w) {
   switch (w.format) {
     case kInt8: return int8_linear(x, w.weight, w.scale, w.bias, w.out_features);
     case kInt4: return int4_linear(x, w.weight, w.bias, w.out_features);
+    case kInt8G: return int8g_linear(x, w.weight, w.bias, w.out_features, w.group, w.scale_bytes, w.has_min);
     default: return dense_linear(x, w.weight, w.bias);
   }
 }
@@ -75,7 +79,8 @@ class DecoderStack : public torch::CustomClassHolder {
         rope_caches_(std::move(rope_caches)) {}
 
   // norms: input, post-attention, q, k, pre-ffn, post-ffn (empty tensors where the model has none);
-  // linears: qkv, o, gate_up, down as (weight, scale, bias) each, empty where absent; attention: scale, softcap
+  // linears: qkv, o, gate_up, down as (weight, aux, bias) each, empty where absent (aux: kInt8's scale, kInt8G's
+  // layout [group, scale bytes, has_min] int64); attention: scale, softcap
   void add_layer(std::vector<at::Tensor> norms, std::vector<at::Tensor> linears, std::vector<int64_t> formats,
                  std::vector<int64_t> out_features, std::vector<double> attention, int64_t window, int64_t rope) {
     TORCH_CHECK(norms.size() == 6 && linears.size() == 12 && formats.size() == 4 && out_features.size() == 4 &&
@@ -87,13 +92,20 @@ class DecoderStack : public torch::CustomClassHolder {
     L.pre_ffn_norm = optional_tensor(norms[4]), L.post_ffn_norm = optional_tensor(norms[5]);
     Linear* targets[4] = {&L.qkv, &L.o, &L.gate_up, &L.down};
     for (int i = 0; i < 4; ++i) {
-      TORCH_CHECK(formats[i] == kFloat || formats[i] == kInt8 || formats[i] == kInt4, "DecoderStack.add_layer: unknown format ", formats[i]);
+      TORCH_CHECK(formats[i] >= kFloat && formats[i] <= kInt8G, "DecoderStack.add_layer: unknown format ", formats[i]);
       const at::Tensor& weight = linears[3 * i];
       TORCH_CHECK(formats[i] != kFloat || (weight.scalar_type() == at::kFloat && weight.is_contiguous()),
                   "DecoderStack.add_layer: a float weight must be contiguous fp32");
       const at::Tensor bias = optional_tensor(linears[3 * i + 2]);
       *targets[i] = Linear{formats[i], weight, linears[3 * i + 1],
                            bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, out_features[i]};
+      if (formats[i] == kInt8G) {
+        const at::Tensor layout = linears[3 * i + 1].contiguous();
+        TORCH_CHECK(layout.scalar_type() == at::kLong && layout.numel() == 3,
+                    "DecoderStack.add_layer: an int8g layout is [group, scale_bytes, has_min] int64");
+        const int64_t* v = layout.const_data_ptr<int64_t>();
+        targets[i]->group = v[0], targets[i]->scale_bytes = v[1], targets[i]->has_min = v[2] != 0;
+      }
     }
     L.scale = attention[0], L.softcap = attention[1], L.window = window, L.rope = rope;
     TORCH_CHECK(sandwich_ == L.pre_ffn_norm.defined() && sandwich_ == L.post_ffn_norm.defined(),

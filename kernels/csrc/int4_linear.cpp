@@ -1,8 +1,9 @@
 // Weight-only int4 linear layer on the CPU: y = x . W^T + bias, W group-wise asymmetric int4 (like Q4_1).
 //
-// The weight comes packed by kernels/int4.py: one byte stream per strip of 16 output channels, a 320-byte
-// block per group of 32 input features: 4 x 64 bytes of nibbles (bytes 4c + b of the j-th 64 hold k = 8j + b
-// in the low and 8j + 4 + b in the high nibble for channel c), then d and m (16 fp16 each), w = d * q + m.
+// The weight comes packed by kernels/int4.py: one byte stream per strip of 16 output channels, a block per
+// group of 32 input features: 4 x 64 bytes of nibbles (bytes 4c + b of the j-th 64 hold k = 8j + b in the low
+// and 8j + 4 + b in the high nibble for channel c), then d and m, w = d * q + m: 16 fp16 each (a 320-byte
+// block) or 16 fp32 each (384 bytes: K-quants' scales, exact). The block size picks the kernel (`Scale`).
 //
 // Inputs are quantized per row and group of 32 to int16: s = max|x| / 32767, xq = round(x / s) (half to
 // even), the same operations as kernels/int4.py's `quantize_activations`. Then a group's contribution to
@@ -26,6 +27,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -41,7 +43,9 @@ namespace {
 constexpr int64_t kStrip = 16;                          // output channels per strip
 constexpr int64_t kGroup = 32;                          // input features per scale and minimum
 constexpr int64_t kNibbleBytes = kStrip * kGroup / 2;   // 256
-constexpr int64_t kBlockBytes = kNibbleBytes + 4 * kStrip;  // 320: nibbles, d, m
+// a block: nibbles, then d and m as 16 `Scale` each (c10::Half: 320 bytes, float: 384)
+template <typename Scale>
+constexpr int64_t kBlockBytes = kNibbleBytes + 2 * kStrip * static_cast<int64_t>(sizeof(Scale));
 constexpr int64_t kPairs = kGroup / 2;                  // int16 input pairs per group
 constexpr int kTileRows = 8;                            // rows per register tile
 constexpr float kInt16Max = 32767.f;
@@ -61,10 +65,18 @@ struct Problem {
   float* y;                 // [M, N] fp32
 };
 
-inline float half_bits_to_float(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, sizeof bits);
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+// the c-th of a block's 16 scales (or minimums) at p, as fp32
+template <typename Scale>
+inline float scale_at(const uint8_t* p, int64_t c) {
+  if constexpr (std::is_same_v<Scale, float>) {
+    float v;
+    std::memcpy(&v, p + 4 * c, sizeof v);
+    return v;
+  } else {
+    uint16_t bits;
+    std::memcpy(&bits, p + 2 * c, sizeof bits);
+    return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+  }
 }
 
 // one row's inputs [K] fp32 -> pairs [K / 2], s and sum per group
@@ -106,7 +118,17 @@ inline __m512i dot_pairs(__m512i acc, __m512i w, __m512i x) {
 #endif
 }
 
-template <int R>
+// a block's 16 scales (or minimums) at p
+template <typename Scale>
+inline __m512 load_scales(const uint8_t* p) {
+  if constexpr (std::is_same_v<Scale, float>) {
+    return _mm512_loadu_ps(p);
+  } else {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+}
+
+template <typename Scale, int R>
 void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   const int64_t groups = P.K / kGroup, row_pairs = P.K / 2;
   const __m512i low4 = _mm512_set1_epi32(0x000F000F);
@@ -114,7 +136,7 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int32_t* xq = P.xq + m0 * row_pairs;
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = strip + g * kBlockBytes;
+    const uint8_t* block = strip + g * kBlockBytes<Scale>;
     __m512i dot[R];
     for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
@@ -125,8 +147,8 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
           dot[r] = dot_pairs(dot[r], w, _mm512_set1_epi32(xq[r * row_pairs + g * kPairs + 4 * j + p]));
       }
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kNibbleBytes)));
-    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kNibbleBytes + 32)));
+    const __m512 d = load_scales<Scale>(block + kNibbleBytes);
+    const __m512 mn = load_scales<Scale>(block + kNibbleBytes + kStrip * sizeof(Scale));
     for (int r = 0; r < R; ++r) {
       const int64_t i = (m0 + r) * groups + g;
       const __m512 t = _mm512_fmadd_ps(mn, _mm512_set1_ps(P.xsum[i]), _mm512_mul_ps(d, _mm512_cvtepi32_ps(dot[r])));
@@ -140,12 +162,12 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   }
 }
 #else
-template <int R>
+template <typename Scale, int R>
 void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   const int64_t groups = P.K / kGroup, row_pairs = P.K / 2;
   float acc[R][kStrip] = {};
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = strip + g * kBlockBytes;
+    const uint8_t* block = strip + g * kBlockBytes<Scale>;
     int32_t dot[R][kStrip] = {};
     for (int j = 0; j < 4; ++j)
       for (int p = 0; p < 4; ++p)
@@ -159,8 +181,8 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
           }
         }
     for (int64_t c = 0; c < kStrip; ++c) {
-      const float d = half_bits_to_float(block + kNibbleBytes + 2 * c);
-      const float mn = half_bits_to_float(block + kNibbleBytes + 32 + 2 * c);
+      const float d = scale_at<Scale>(block + kNibbleBytes, c);
+      const float mn = scale_at<Scale>(block + kNibbleBytes + kStrip * sizeof(Scale), c);
       for (int r = 0; r < R; ++r) {
         const int64_t i = (m0 + r) * groups + g;
         const float t = std::fma(mn, P.xsum[i], d * static_cast<float>(dot[r][c]));
@@ -172,36 +194,39 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
 }
 #endif
 
+template <typename Scale>
 void strip_rows(const Problem& P, const uint8_t* strip, int64_t n0) {
   for (int64_t m0 = 0; m0 < P.M; m0 += kTileRows) {
     switch (std::min<int64_t>(kTileRows, P.M - m0)) {
-      case 8: tile<8>(P, strip, m0, n0); break;
-      case 7: tile<7>(P, strip, m0, n0); break;
-      case 6: tile<6>(P, strip, m0, n0); break;
-      case 5: tile<5>(P, strip, m0, n0); break;
-      case 4: tile<4>(P, strip, m0, n0); break;
-      case 3: tile<3>(P, strip, m0, n0); break;
-      case 2: tile<2>(P, strip, m0, n0); break;
-      default: tile<1>(P, strip, m0, n0); break;
+      case 8: tile<Scale, 8>(P, strip, m0, n0); break;
+      case 7: tile<Scale, 7>(P, strip, m0, n0); break;
+      case 6: tile<Scale, 6>(P, strip, m0, n0); break;
+      case 5: tile<Scale, 5>(P, strip, m0, n0); break;
+      case 4: tile<Scale, 4>(P, strip, m0, n0); break;
+      case 3: tile<Scale, 3>(P, strip, m0, n0); break;
+      case 2: tile<Scale, 2>(P, strip, m0, n0); break;
+      default: tile<Scale, 1>(P, strip, m0, n0); break;
     }
   }
 }
 
+template <typename Scale>
 void run(const Problem& P) {
-  const int64_t num_strips = (P.N + kStrip - 1) / kStrip, strip_bytes = (P.K / kGroup) * kBlockBytes;
+  const int64_t num_strips = (P.N + kStrip - 1) / kStrip, strip_bytes = (P.K / kGroup) * kBlockBytes<Scale>;
   at::parallel_for(0, num_strips, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s) strip_rows(P, P.packed + s * strip_bytes, s * kStrip);
+    for (int64_t s = begin; s < end; ++s) strip_rows<Scale>(P, P.packed + s * strip_bytes, s * kStrip);
   });
 }
 
 }  // namespace
 
-// x: [M, K_in] fp32 or bf16; packed: [N_pad / 16, K / 32, 320] uint8 -> [M, N], x's dtype
+// x: [M, K_in] fp32 or bf16; packed: [N_pad / 16, K / 32, 320 | 384] uint8 -> [M, N], x's dtype
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                        int64_t out_features) {
   TORCH_CHECK(x.dim() == 2, "int4_linear: x must be [M, K]");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
-                  packed.size(2) == kBlockBytes, "int4_linear: packed must be [N/16, K/32, 320] uint8");
+                  (packed.size(2) == kBlockBytes<c10::Half> || packed.size(2) == kBlockBytes<float>),
+              "int4_linear: packed must be [N/16, K/32, 320 or 384] uint8");
   const int64_t K = packed.size(1) * kGroup, k_in = x.size(1);
   TORCH_CHECK(k_in <= K && K - k_in < kGroup, "int4_linear: x has ", k_in, " features, weight ", K);
   TORCH_CHECK(out_features > 0 && out_features <= packed.size(0) * kStrip && out_features > (packed.size(0) - 1) * kStrip,
@@ -231,7 +256,8 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
     else quantize(0, M);
     const Problem P{M, out_features, K, packed.const_data_ptr<uint8_t>(), xq_data, xs_data, xsum_data,
                     bias.has_value() ? bias_f.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>()};
-    run(P);
+    if (packed.size(2) == kBlockBytes<float>) run<float>(P);
+    else run<c10::Half>(P);
   }
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
