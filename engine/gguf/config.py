@@ -88,18 +88,29 @@ def _rope_scaling(meta: Mapping[str, Any], arch: str) -> dict[str, Any]:
     return {"rope_type": "linear", "factor": short_float(factor)}
 
 
+def _sliding_layers(meta: Mapping[str, Any], num_layers: int) -> list[bool]:
+    """Which layers attend in a window: `gemma3.attention.sliding_window_pattern` (a period, or a flag per
+    layer) where the file has it, else llama.cpp's period of six."""
+    pattern = meta.get("gemma3.attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
+    if isinstance(pattern, list):
+        if len(pattern) != num_layers:
+            raise GGUFConfigError(f"gemma3.attention.sliding_window_pattern: {len(pattern)} flags, {num_layers} layers")
+        return [bool(p) for p in pattern]
+    return [(i + 1) % int(pattern) != 0 for i in range(num_layers)]
+
+
 def _gemma3(meta: Mapping[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    num_layers = cfg["num_hidden_layers"]
-    pattern = GEMMA3_SLIDING_PATTERN
-    layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    sliding = _sliding_layers(meta, cfg["num_hidden_layers"])
+    layer_types = ["sliding_attention" if s else "full_attention" for s in sliding]
     global_rope = {"rope_type": "default", "rope_theta": cfg["rope_theta"], **cfg.pop("rope_scaling", {})}
+    local_base = short_float(meta.get("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))
     return {
         "sliding_window": int(_field(meta, "gemma3.attention.sliding_window")),
         "layer_types": layer_types,
         "query_pre_attn_scalar": cfg["head_dim"],
         "rope_parameters": {
             "full_attention": global_rope,
-            "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_ROPE_BASE},
+            "sliding_attention": {"rope_type": "default", "rope_theta": local_base},
         },
         "hidden_activation": "gelu_pytorch_tanh",
         "attn_logit_softcapping": meta.get("gemma3.attn_logit_softcapping"),

@@ -162,7 +162,8 @@ def _fill_float(param: torch.Tensor, parts: Sequence[_Part]) -> None:
     for part in parts:
         t = part.target
         dest = param if t.num_rows is None else param.narrow(0, t.row_start, t.num_rows)
-        w = torch.from_numpy(part.as_float())
+        values = part.as_float()
+        w = torch.from_numpy(values if values.flags.writeable else values.copy())  # NOTE: a view of the file
         if tuple(dest.shape) != tuple(w.shape):
             raise GGUFWeightError(
                 f"tensor {part.tensor.name!r} has shape {tuple(w.shape)}, expected {tuple(dest.shape)} for this model"
