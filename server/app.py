@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from infer.api import SERVICE_NAME
-from infer.engine import AsyncEngine, EngineClient, EngineStats
+from infer.engine import AsyncEngine, EngineClient, EngineStats, ModelLoadError
 from infer.server.gateway.app import GatewayConfig, GatewayServer, local_upstream
 from infer.server.gateway.guard import HttpLimits
 from infer.server.gateway.origins import parse_origins
@@ -202,8 +202,9 @@ class InferenceServer:
 
 
 async def serve(config: ServerConfig) -> int:
-    """`infer serve`: run until SIGTERM or SIGINT, then drain and exit 0; 1 when the model fails to load or to
-    warm up (health never says SERVING)."""
+    """`infer serve`: run until SIGTERM or SIGINT, then drain and exit 0; 2 for a model we cannot load (a missing
+    or corrupt file, an unsupported architecture: the message names the file and the field), 1 when it fails
+    otherwise to load or to warm up (health never says SERVING)."""
     server = InferenceServer(config)
     await server.start()
     gateway = await start_gateway(server)
@@ -217,7 +218,7 @@ async def serve(config: ServerConfig) -> int:
     except Exception as e:
         logger.error("model failed to load or warm up: %s", e)
         await asyncio.gather(server.stop(grace_s=0), *([gateway.stop()] if gateway else []))
-        return 1
+        return 2 if isinstance(e, ModelLoadError) else 1
     logger.info("signal received: draining (grace %.1f s)", config.shutdown_grace_s)
     await asyncio.gather(server.stop(), *([gateway.stop()] if gateway else []))
     return 0

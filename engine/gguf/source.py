@@ -67,5 +67,6 @@ def open_gguf(path: Path) -> GGUFSource:
         tensors = tuple(FileTensor.from_reader(t) for t in reader.tensors)
         meta = read_gguf_metadata(path, reader)
     except (ValueError, IndexError, KeyError, OSError) as e:  # gguf raises these on truncated or corrupt files
-        raise GGUFSourceError(f"{path} is truncated or corrupt: {e}") from None
+        message = str(e) if str(path) in str(e) else f"{path} is truncated or corrupt: {e}"
+        raise GGUFSourceError(message) from None
     return GGUFSource(path, meta, tensors)

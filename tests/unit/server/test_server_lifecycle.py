@@ -78,16 +78,20 @@ def test_drain_gives_up_after_the_grace_period() -> None:
     assert asyncio.run(main()) is False
 
 
-def test_serve_exits_1_when_the_model_fails_to_load(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("name", ["missing", "corrupt.gguf"])
+def test_serve_exits_2_naming_a_model_it_cannot_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
     from infer.engine import EngineConfig
     from infer.server.app import serve
     from infer.server.settings import ServerConfig
 
+    (tmp_path / "corrupt.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(7))  # a header cut short
     config = ServerConfig(
-        engine=EngineConfig(model=str(tmp_path / "missing")), grpc_port=0, metrics_port=None, http_port=None
+        engine=EngineConfig(model=str(tmp_path / name)), grpc_port=0, metrics_port=None, http_port=None
     )
-    assert asyncio.run(serve(config)) == 1
-    assert "model failed to load" in caplog.text
+    assert asyncio.run(serve(config)) == 2
+    assert "model failed to load" in caplog.text and name in caplog.text
 
 
 def test_health_follows_an_engine_that_stalls_and_recovers() -> None:
