@@ -168,17 +168,12 @@ def _gemma_bpe(vocab: GGUFVocab, unk: str) -> BackendTokenizer:
 
 
 def _rebuild_merges(ids: Mapping[str, int], scores: Mapping[str, float]) -> list[tuple[str, str]]:
-    """Every split of a token into two tokens, best score first; ties: longer left part, then longer right part.
-
-    Within one token the splits go by the ids of their parts. This must match transformers' `generate_merges` pair
-    for pair: the BPE applies merges in this order."""
-    merges: list[tuple[str, str, float]] = []
-    for token, score in scores.items():
-        pairs = [(token[:k], token[k:], score) for k in range(1, len(token)) if token[:k] in ids and token[k:] in ids]
-        if len(pairs) > 1:
-            pairs.sort(key=lambda p: (ids[p[0]], ids[p[1]]))
-        merges += pairs
-    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)  # stable: ties keep their order
+    """Every split of a token into two tokens, best score first; ties: longer left part, then longer right part,
+    then the order of `scores`. Equal to transformers' `generate_merges` pair for pair (the BPE applies merges in
+    this order). NOTE: its sort of each token's splits by their ids never decides anything: two splits with equal
+    keys come from two tokens."""
+    merges = [(t[:k], t[k:], s) for t, s in scores.items() for k in range(1, len(t)) if t[:k] in ids and t[k:] in ids]
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)  # stable
     return [(left, right) for left, right, _ in merges]
 
 
