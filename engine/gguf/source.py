@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infer.engine.gguf.metadata import TensorInfo
 from infer.engine.gguf.weights import FileTensor
 
 GGUF_MAGIC = b"GGUF"
@@ -56,17 +58,32 @@ def _has_magic(path: Path) -> bool:
 
 
 def open_gguf(path: Path) -> GGUFSource:
-    from gguf import GGUFReader
+    """The file's metadata and tensors: one walk of its header, the tensors views of one read-only memory map."""
+    import numpy as np
 
-    from infer.engine.gguf.metadata import read_gguf_metadata
+    from infer.engine.gguf.metadata import read_gguf_header
 
     if not _has_magic(path):
         raise GGUFSourceError(f"{path} is not a GGUF file (no GGUF magic at its start)")
     try:
-        reader = GGUFReader(path)
-        tensors = tuple(FileTensor.from_reader(t) for t in reader.tensors)
-        meta = read_gguf_metadata(path, reader)
-    except (ValueError, IndexError, KeyError, OSError) as e:  # gguf raises these on truncated or corrupt files
-        message = str(e) if str(path) in str(e) else f"{path} is truncated or corrupt: {e}"
-        raise GGUFSourceError(message) from None
-    return GGUFSource(path, meta, tensors)
+        meta, infos, data_offset = read_gguf_header(path)
+    except ValueError as e:  # the message names the file and the field
+        raise GGUFSourceError(str(e)) from None
+    file_map = np.memmap(path, dtype=np.uint8, mode="r")
+    return GGUFSource(path, meta, tuple(_tensor(path, file_map, data_offset, info) for info in infos))
+
+
+def _tensor(path: Path, file_map: Any, data_offset: int, info: TensorInfo) -> FileTensor:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        tensor_type = GGMLQuantizationType(info.type_id)
+    except ValueError:
+        raise GGUFSourceError(f"{path}: tensor {info.name!r} has an unknown ggml type {info.type_id}") from None
+    block_size, type_size = GGML_QUANT_SIZES[tensor_type]
+    elements = math.prod(info.dims)
+    start, num_bytes = data_offset + info.offset, elements // block_size * type_size
+    if elements % block_size or start + num_bytes > len(file_map):
+        raise GGUFSourceError(f"{path} is truncated or corrupt: tensor {info.name!r} runs past the end of the file")
+    shape = tuple(reversed(info.dims))
+    return FileTensor(info.name, tensor_type, shape, file_map[start : start + num_bytes])

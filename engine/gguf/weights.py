@@ -65,10 +65,6 @@ class FileTensor:
     shape: tuple[int, ...]
     data: np.ndarray  # the file's bytes or values (a view of its memory map)
 
-    @classmethod
-    def from_reader(cls, t: Any) -> FileTensor:
-        return cls(t.name, t.tensor_type, tuple(int(d) for d in reversed(t.shape)), t.data)
-
     @property
     def is_float(self) -> bool:
         return is_float(self.tensor_type)
