@@ -26,13 +26,14 @@ Other quantized types (the IQ family, TQ, ...) have no exact grouped form: `deco
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 QK_K = 256
-FLOAT_TYPES = {
+FLOAT_TYPES: dict[GGMLQuantizationType, type[np.floating[Any]] | None] = {
     GGMLQuantizationType.F32: np.float32,
     GGMLQuantizationType.F16: np.float16,
     GGMLQuantizationType.BF16: None,  # no numpy dtype: widened through uint32
@@ -68,7 +69,8 @@ class Grouped:
         w = self.codes.reshape(rows, -1, self.group).astype(np.float32) * self.scale[..., None]
         if self.minimum is not None:
             w = w + self.minimum[..., None]
-        return w.reshape(rows, cols)
+        out: np.ndarray = w.reshape(rows, cols)
+        return out
 
 
 def _in_range(codes: np.ndarray, lo: int, hi: int) -> bool:
@@ -116,7 +118,8 @@ def _q4_1(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
 
 def _five_bit(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:  # 32 codes a block: low nibbles, then bit 4
     high = (qh.copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & np.uint32(1)
-    return _nibbles(qs, 16) | (high.astype(np.uint8) << np.uint8(4))
+    codes: np.ndarray = _nibbles(qs, 16) | (high.astype(np.uint8) << np.uint8(4))
+    return codes
 
 
 def _q5_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -200,6 +203,7 @@ def float_tensor(data: np.ndarray, tensor_type: GGMLQuantizationType, shape: tup
         wide = data.reshape(-1).view(np.uint16).astype(np.uint32) << np.uint32(16)
         return wide.view(np.float32).reshape(shape)
     dtype = FLOAT_TYPES[tensor_type]
+    assert dtype is not None
     return data.reshape(-1).view(dtype).astype(np.float32, copy=False).reshape(shape)
 
 
