@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from infer.engine.gguf.quants import Grouped, decode, float_tensor, is_float
+from infer.engine.gguf.quants import EXACT_TYPES, Grouped, decode, float_tensor, is_float
 from infer.engine.models import CausalLM, Linear, Target, checkpoint_target
 from infer.kernels import PackedWeight, pack_int4, pack_int8g
 
@@ -173,9 +173,6 @@ def _pack(parts: Sequence[_Part], shape: tuple[int, ...]) -> PackedWeight:
     for p, g in zip(parts, grouped, strict=True):
         if g.shape[1] != shape[1]:
             raise GGUFWeightError(f"tensor {p.tensor.name!r} has {g.shape[1]} columns, expected {shape[1]}")
-        if not g.exact:
-            logger.info("%s: %s has no exact 8-bit grouped form; rounded to int8 groups of 32", p.tensor.name,
-                        p.tensor.tensor_type.name)  # fmt: skip
     if rows != shape[0]:
         raise GGUFWeightError(f"{', '.join(p.tensor.name for p in parts)}: {rows} rows, expected {shape[0]}")
     return pack_grouped(grouped)
@@ -223,3 +220,7 @@ def fill_model(model: CausalLM, arch: str, tensors: Sequence[FileTensor], keep: 
                 module.use_packed(packed)
         else:
             _fill_float(param, parts)
+    rounded = sorted({t.tensor_type.name for t in tensors if not t.is_float and t.tensor_type not in EXACT_TYPES})
+    if keep and rounded:
+        logger.warning("tensor types with no exact grouped form (%s): rounded to int8 codes per group of 32",
+                       ", ".join(rounded))  # fmt: skip

@@ -21,12 +21,13 @@ LAYER_TYPES = ("Q8_0", "Q5_0", "Q4_K", "Q6_K", "Q4_0", "Q5_K", "Q4_1", "Q5_1", "
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 # offsets of the fp16 super-block scales in each K-quant block, and its size
 _K_BLOCKS = {"Q2_K": ((80, 82), 84), "Q3_K": ((108,), 110), "Q4_K": ((0, 2), 144), "Q5_K": ((0, 2), 176),
-             "Q6_K": ((208,), 210)}  # fmt: skip
+             "Q6_K": ((208,), 210), "IQ4_NL": ((0,), 18)}  # fmt: skip
 
 
 def _k_blocks(name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     offsets, size = _K_BLOCKS[name]
-    blocks = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
+    block = 32 if name == "IQ4_NL" else 256
+    blocks = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
     for off in offsets:
         d = (rng.uniform(0.5, 1.0, blocks.shape[0]) * 2e-3 / (64 if name != "Q2_K" else 4)).astype(np.float16)
         blocks[:, off : off + 2] = d.view(np.uint8).reshape(-1, 2)

@@ -104,6 +104,17 @@ def test_formats_follow_the_file(tmp_path: Path) -> None:
     assert model.lm_head.weight is model.embed_packed
 
 
+def test_a_type_with_no_grouped_form_is_rounded_with_one_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_tiny_gguf(tmp_path / "m.gguf", "qwen3", num_layers=2, types=("IQ4_NL", "Q8_0"))
+    model = _load(path, "auto")
+    assert isinstance(model.layers[0].mlp.down_proj.weight, Int8GroupWeight)
+    assert [r.getMessage() for r in caplog.records if "IQ4_NL" in r.getMessage()] == [
+        "tensor types with no exact grouped form (IQ4_NL): rounded to int8 codes per group of 32"
+    ]
+
+
 def test_none_dequantizes_and_int8_requantizes(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "m.gguf", "qwen2", num_layers=1, tied=False)
     floats = _load(path, "none")
