@@ -114,7 +114,7 @@ def _codes(blocks: torch.Tensor) -> torch.Tensor:  # [s, G, block] uint8 -> [s, 
 
 def _nibbles(nib: torch.Tensor) -> torch.Tensor:  # [..., G, 4 (j), 4 (b)] bytes of one channel -> [..., K_pad]
     both = torch.stack((nib & 15, nib >> 4), dim=-2)  # [..., g, j, half, b]: k = 8 j + 4 half + b
-    return both.reshape(*nib.shape[:-3], -1)
+    return both.reshape(*nib.shape[:-3], nib.shape[-3] * GROUP)
 
 
 def _scales(blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # d, m: [s, 16, G]
@@ -125,7 +125,7 @@ def _scales(blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
 def _values(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """codes [n, K_pad], d and m [n, K_pad / 32] -> [n, K_pad] fp32: a product, then a sum (two roundings)."""
     q = codes.float().view(d.shape[0], d.shape[1], GROUP)
-    return (q * d[..., None] + m[..., None]).view(d.shape[0], -1)
+    return (q * d[..., None] + m[..., None]).view(d.shape[0], d.shape[1] * GROUP)
 
 
 def pack_int4(

@@ -41,8 +41,8 @@ class Int8Weight(PackedWeight):
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:  # [n] -> [n, in_features] fp32
         strip, channel = channel_of(ids, self.out_features)
-        q = self.packed[strip, :, channel].reshape(len(strip), -1)[:, : self.in_features]  # [n, K]
-        return q.float() * self.scale[strip * STRIP + channel, None]
+        q = self.packed[strip, :, channel].reshape(len(strip), 2 * self.packed.shape[1])  # [n, K_pad]
+        return q[:, : self.in_features].float() * self.scale[strip * STRIP + channel, None]
 
     def linear_reference(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return int8_linear_ref(x, self, bias)

@@ -82,7 +82,7 @@ class Int8GroupWeight(PackedWeight):
         strip, channel = channel_of(ids, self.out_features)
         blocks = self.packed[strip]  # [n, G, block]: the strips of the rows asked for
         pick = torch.arange(blocks.shape[0])
-        codes = self._codes(blocks)[pick, :, :, channel].reshape(len(pick), -1)  # [n, K_pad]
+        codes = self._codes(blocks)[pick, :, :, channel].reshape(len(pick), self.padded_in_features)
         d, m = self._scales(blocks)  # [n, G, 16]
         m_rows = None if m is None else m[pick, :, channel]
         return _values(codes, d[pick, :, channel], m_rows, self.group)[:, : self.in_features]  # [n, G] scales
@@ -102,7 +102,7 @@ class Int8GroupWeight(PackedWeight):
 
     def _codes(self, blocks: torch.Tensor) -> torch.Tensor:  # [s, G, block] -> [s, G, group / 2, 16, 2] int8
         code_bytes = STRIP * self.group
-        return blocks[..., :code_bytes].contiguous().view(torch.int8).view(*blocks.shape[:2], -1, STRIP, 2)
+        return blocks[..., :code_bytes].contiguous().view(torch.int8).view(*blocks.shape[:2], self.group // 2, STRIP, 2)
 
     def _scales(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:  # [s, G, 16] fp32 each
         tail = blocks[..., STRIP * self.group :].contiguous().view(self.scale_dtype).float()
@@ -118,7 +118,7 @@ def _values(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, group:
     w = codes.float().view(d.shape[0], d.shape[1], group) * d[..., None]
     if m is not None:
         w = w + m[..., None]
-    return w.view(d.shape[0], -1)
+    return w.view(d.shape[0], d.shape[1] * group)
 
 
 def pack_int8g(
@@ -142,7 +142,7 @@ def pack_int8g(
     strips = n_pad // STRIP
     q = F.pad(codes.cpu(), (0, groups * group - k, 0, n_pad - n))  # [N_pad, K_pad]: zero codes in the padding
     q = q.view(strips, STRIP, groups, group // 2, 2).permute(0, 2, 3, 1, 4)  # [s, g, j, c, b]
-    parts = [q.reshape(strips, groups, -1).view(torch.uint8)]
+    parts = [q.reshape(strips, groups, STRIP * group).view(torch.uint8)]
     for t in (d, m):
         if t is not None:
             stored = F.pad(stored_scales(t.float().cpu(), scale_dtype, "int8g"), (0, 0, 0, n_pad - n))

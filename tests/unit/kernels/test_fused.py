@@ -13,6 +13,9 @@ from infer.engine.config import EngineConfig
 from infer.engine.loader import load_model
 from infer.engine.models import CausalLM
 from infer.engine.runner import ModelRunner, SeqWork
+from infer.kernels import PackedWeight, pack_int4, pack_int8g
+from infer.kernels.int4 import quantize_int4
+from infer.kernels.int8g import quantize_int8g
 from tests.helpers.compiled import require_compiled_kernels
 from tests.helpers.mixed_steps import greedy_mixed_steps
 from tests.helpers.tiny_models import ARCHS, make_tiny_model
@@ -33,6 +36,51 @@ def test_fused_logits_equal_the_per_op_path_bit_for_bit(arch: str, quantization:
     # prefill chunks, decode tokens beside a prefill chunk, then decode only
     tokens, logits = greedy_mixed_steps(model)
     expected_tokens, expected_logits = greedy_mixed_steps(per_op(model))  # NOTE: after the fused run
+    assert tokens == expected_tokens
+    assert torch.equal(logits, expected_logits)
+
+
+def _int4_fp32(w: torch.Tensor) -> PackedWeight:
+    """int4 with scales that fp16 cannot hold (as K-quants' d * sc)."""
+    q = quantize_int4(w)
+    n, k = w.shape
+    d, m = q.scales()
+    return pack_int4(q.codes()[:n, :k], d[:n] * (1 + 2**-14), m[:n], torch.float32)
+
+
+def _int8g_with_min(w: torch.Tensor, group: int) -> PackedWeight:
+    """Asymmetric 8-bit groups (as Q5_1, Q5_K): w = d * q + m, fp32 scales."""
+    n, k = w.shape
+    wg = w.float().view(n, k // group, group)
+    lo, hi = wg.amin(dim=2), wg.amax(dim=2)
+    d = ((hi - lo) / 255).clamp(min=1e-8)
+    m = lo + 128 * d
+    q = torch.round((wg - m[..., None]) / d[..., None]).clamp(-128, 127).to(torch.int8).view(n, k)
+    return pack_int8g(q, d, m, group, torch.float32)
+
+
+# one format a projection, rotated layer by layer: each projection meets each format
+MIXED = (
+    lambda w: quantize_int8g(w, 32),  # symmetric, fp16 scales (Q8_0)
+    _int4_fp32,
+    lambda w: _int8g_with_min(w, 32),
+    lambda w: _int8g_with_min(w, 16),  # groups of 16 (Q2_K)
+    lambda w: quantize_int8g(w, 16),
+)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_logits_equal_the_per_op_path_with_every_packed_format_mixed(arch: str, tmp_path: Path) -> None:
+    require_compiled_kernels()
+    model = load_model(make_tiny_model(arch, tmp_path / arch), EngineConfig(quantization="none"), "cpu")
+    for i, layer in enumerate(model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        for j, linear in enumerate((attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)):
+            assert isinstance(linear.weight, torch.Tensor)
+            linear.use_packed(MIXED[(i + j) % len(MIXED)](linear.weight.detach()))
+    assert model.fuse().fused is not None
+    tokens, logits = greedy_mixed_steps(model)
+    expected_tokens, expected_logits = greedy_mixed_steps(per_op(model))
     assert tokens == expected_tokens
     assert torch.equal(logits, expected_logits)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infer.kernels import Int4Weight, Kernels
+from infer.kernels import Int4Weight, Kernels, pack_int4
 from infer.kernels.int4 import GROUP, INT16_MAX, int4_linear_ref, quantize_activations, quantize_int4
 from tests.helpers.compiled import require_compiled_kernels
 
@@ -161,3 +161,75 @@ def test_weights_beyond_fp16_are_refused() -> None:
         quantize_int4(torch.full((16, 32), 1e6))
     with pytest.raises(ValueError, match="finite"):
         quantize_int4(torch.full((16, 32), float("nan")))
+
+
+def _k_quant_parts(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K-like groups: codes 0..15, d = d_super * sc and m = -(dmin * mn) with fp16 d_super and 6-bit sc, mn:
+    products of up to 17 bits, exact in fp32 only."""
+    gen = torch.Generator().manual_seed(seed)
+    groups = -(-k // GROUP)
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    d_super, dmin = (torch.rand(n, 1, generator=gen).half().float() * 0.01 for _ in range(2))
+    sc, mn = (torch.randint(1, 64, (n, groups), generator=gen).float() for _ in range(2))
+    return codes, d_super * sc, -(dmin * mn)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("k", [96, 91])
+def test_pack_int4_dequantizes_to_codes_times_d_plus_m_bit_for_bit(k: int, scale_dtype: torch.dtype) -> None:
+    n = 37
+    codes, d, m = _k_quant_parts(n, k)
+    q = pack_int4(codes, d, m, scale_dtype)
+    assert q.shape == (n, k) and q.scale_dtype == scale_dtype
+    assert q.packed.shape[2] == (320 if scale_dtype == torch.float16 else 384)
+    d_s, m_s = d.to(scale_dtype).float(), m.to(scale_dtype).float()  # fp16: rounded once, to nearest
+    k_pad = q.padded_in_features
+    expected = F.pad(codes, (0, k_pad - k)).float().view(n, -1, GROUP) * d_s[..., None]  # a product ...
+    expected = expected + m_s[..., None]  # ... then a sum, each rounded to fp32 (no fma)
+    assert torch.equal(q.dequantize(), expected.view(n, k_pad)[:, :k])
+    if scale_dtype == torch.float32:
+        assert not torch.equal(d_s, d.half().float())  # K-quant scales need fp32
+    assert torch.equal(q.codes()[:n, :k], codes)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
+def test_rows_gather_dequantized_rows_from_the_packed_strips(scale_dtype: torch.dtype) -> None:
+    q = pack_int4(*_k_quant_parts(70, 75), scale_dtype)
+    ids = torch.tensor([69, 0, 5, 5, 16, 33, 68])
+    assert torch.equal(q.rows(ids), q.dequantize()[ids])
+    with pytest.raises(IndexError):
+        q.rows(torch.tensor([-1]))
+
+
+def test_quantize_int4_packs_what_pack_int4_packs() -> None:
+    q = quantize_int4(_weight(40, 75))
+    d, m = q.scales()
+    assert torch.equal(pack_int4(q.codes()[:40, :75], d[:40], m[:40]).packed, q.packed)
+
+
+def test_fp32_blocks_hold_the_scales_exactly_after_the_nibbles() -> None:
+    codes, d, m = _k_quant_parts(16, 64)
+    block = pack_int4(codes, d, m, torch.float32).packed[0, 1]  # strip 0, group 1
+    assert torch.equal(block[256:320].view(torch.float32), d[:, 1])
+    assert torch.equal(block[320:384].view(torch.float32), m[:, 1])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 16, 37, 64])
+def test_compiled_kernel_with_fp32_scales_matches_the_reference(rows: int) -> None:
+    require_compiled_kernels()
+    gen = torch.Generator().manual_seed(rows)
+    for n, k in [(37, 96), (100, 91)]:
+        q = pack_int4(*_k_quant_parts(n, k, seed=rows), torch.float32)
+        x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
+        torch.testing.assert_close(_kernel(x, q, bias), int4_linear_ref(x, q, bias), atol=1e-5, rtol=1e-5)
+
+
+def test_fp32_scales_a_row_alone_equals_the_same_row_in_a_batch_bit_for_bit() -> None:
+    require_compiled_kernels()
+    q = pack_int4(*_k_quant_parts(200, 256), torch.float32)
+    x = torch.randn(37, 256, generator=torch.Generator().manual_seed(4))
+    batched = _kernel(x, q)
+    for i in (0, 5, 17, 36):
+        assert torch.equal(_kernel(x[i : i + 1], q), batched[i : i + 1])
+    for lo, hi in ((8, 16), (20, 22), (30, 33)):
+        assert torch.equal(_kernel(x[lo:hi], q), batched[lo:hi])
