@@ -14,8 +14,9 @@
 // The integer dot runs 32 products per instruction (VNNI's vpdpwssd, or vpmaddwd + add): a 64-byte load of
 // nibbles gives four pairs of k a lane with a shift and a mask, no conversion to float per weight. A thread
 // owns whole strips; rows go through in register tiles of 1-8, each row the same sequence of operations
-// whatever the tile, the thread or the number of rows in the call (batch invariance). Without AVX-512 the
-// same integers and the same fp32 epilogue come from plain loops.
+// whatever the tile, the thread or the number of rows in the call (batch invariance). With AVX2 only, the same
+// integers and the same fp32 epilogue come from two halves of 8 channels (vpmaddwd, tiles of 1-3 rows), and
+// elsewhere from plain loops.
 // NOTE: the step max|x| / 32767 is 258x finer than int8's (Q8_1's max|x| / 127, tried first: a group holding
 // one outlier rounded its small inputs coarsely enough to move SmolLM2's layers by 0.3-1.7% and change greedy
 // answers); int16 inputs move a layer by ~1e-5, far below the int4 weights' own error. fp32 inputs (the
@@ -33,6 +34,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define INFER_INT4_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define INFER_INT4_AVX2 1
 #endif
 
 #include "common.h"
@@ -47,7 +51,11 @@ constexpr int64_t kNibbleBytes = kStrip * kGroup / 2;   // 256
 template <typename Scale>
 constexpr int64_t kBlockBytes = kNibbleBytes + 2 * kStrip * static_cast<int64_t>(sizeof(Scale));
 constexpr int64_t kPairs = kGroup / 2;                  // int16 input pairs per group
-constexpr int kTileRows = 8;                            // rows per register tile
+#ifdef INFER_INT4_AVX2
+constexpr int kTileRows = 3;  // rows per register tile: 6 int32 sums of 8 channels, 16 ymm registers in all
+#else
+constexpr int kTileRows = 8;  // rows per register tile
+#endif
 constexpr float kInt16Max = 32767.f;
 constexpr int64_t kQuantizeGrain = 8;                   // rows per task when quantizing in parallel
 
@@ -161,6 +169,62 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
     store_row(P, m0 + r, n0, out);
   }
 }
+#elif defined(INFER_INT4_AVX2)
+// a block's 16 scales (or minimums) at p: channels 0-7, 8-15
+template <typename Scale>
+inline void load_scales(const uint8_t* p, __m256* half) {
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (std::is_same_v<Scale, float>) {
+      half[h] = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * h);
+    } else {
+      half[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+    }
+  }
+}
+
+// the AVX-512 tile's operations on two halves of 8 channels (vpmaddwd + add: 16 products each)
+template <typename Scale, int R>
+void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
+  const int64_t groups = P.K / kGroup, row_pairs = P.K / 2;
+  const __m256i low4 = _mm256_set1_epi32(0x000F000F);
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const int32_t* xq = P.xq + m0 * row_pairs;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = strip + g * kBlockBytes<Scale>;
+    __m256i dot[R][2];
+    for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      __m256i raw[2];  // lane c: channel 8h + c's 4 bytes
+      for (int h = 0; h < 2; ++h) raw[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32 * h));
+      for (int p = 0; p < 4; ++p) {
+        __m256i w[2];  // two k a lane, int16 each
+        for (int h = 0; h < 2; ++h) w[h] = _mm256_and_si256(_mm256_srli_epi32(raw[h], 4 * p), low4);
+        for (int r = 0; r < R; ++r) {
+          const __m256i x = _mm256_set1_epi32(xq[r * row_pairs + g * kPairs + 4 * j + p]);
+          for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(w[h], x));
+        }
+      }
+    }
+    __m256 d[2], mn[2];
+    load_scales<Scale>(block + kNibbleBytes, d);
+    load_scales<Scale>(block + kNibbleBytes + kStrip * sizeof(Scale), mn);
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = (m0 + r) * groups + g;
+      const __m256 xs = _mm256_set1_ps(P.xs[i]), xsum = _mm256_set1_ps(P.xsum[i]);
+      for (int h = 0; h < 2; ++h) {
+        const __m256 t = _mm256_fmadd_ps(mn[h], xsum, _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(dot[r][h])));
+        acc[r][h] = _mm256_fmadd_ps(xs, t, acc[r][h]);
+      }
+    }
+  }
+  alignas(32) float out[kStrip];
+  for (int r = 0; r < R; ++r) {
+    _mm256_store_ps(out, acc[r][0]);
+    _mm256_store_ps(out + 8, acc[r][1]);
+    store_row(P, m0 + r, n0, out);
+  }
+}
 #else
 template <typename Scale, int R>
 void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
@@ -198,11 +262,13 @@ template <typename Scale>
 void strip_rows(const Problem& P, const uint8_t* strip, int64_t n0) {
   for (int64_t m0 = 0; m0 < P.M; m0 += kTileRows) {
     switch (std::min<int64_t>(kTileRows, P.M - m0)) {
+#ifndef INFER_INT4_AVX2
       case 8: tile<Scale, 8>(P, strip, m0, n0); break;
       case 7: tile<Scale, 7>(P, strip, m0, n0); break;
       case 6: tile<Scale, 6>(P, strip, m0, n0); break;
       case 5: tile<Scale, 5>(P, strip, m0, n0); break;
       case 4: tile<Scale, 4>(P, strip, m0, n0); break;
+#endif
       case 3: tile<Scale, 3>(P, strip, m0, n0); break;
       case 2: tile<Scale, 2>(P, strip, m0, n0); break;
       default: tile<Scale, 1>(P, strip, m0, n0); break;
