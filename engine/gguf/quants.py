@@ -41,6 +41,22 @@ FLOAT_TYPES: dict[GGMLQuantizationType, type[np.floating[Any]] | None] = {
 
 
 @dataclass(frozen=True)
+class Super:
+    """A K-quant's two-level scales: per super-block of 256 inputs an fp16 `d` (and `m`, the negated minimum
+    scale), per group 8-bit `d_sub` (and `m_sub`): the group's scale is `d * d_sub`, its minimum `m * m_sub`."""
+
+    d: np.ndarray  # [rows, cols / 256] float32, each value an fp16
+    d_sub: np.ndarray  # [rows, cols / group] int8
+    m: np.ndarray | None  # [rows, cols / 256] float32; None: symmetric
+    m_sub: np.ndarray | None  # [rows, cols / group] int8
+
+    def rows(self, index: np.ndarray) -> Super:
+        """The same scales for rows in another order (`index`: the new row order)."""
+        pick = [None if t is None else t[index] for t in (self.d, self.d_sub, self.m, self.m_sub)]
+        return Super(*pick)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class Grouped:
     """A `[rows, cols]` weight as `scale * code + minimum` per group of `group` inputs (see the module doc)."""
 
@@ -49,6 +65,7 @@ class Grouped:
     minimum: np.ndarray | None  # [rows, cols / group] float32; None: symmetric (no minimum)
     group: int  # 16 or 32
     exact: bool = True  # False: rounded from a type with no grouped form
+    super: Super | None = None  # a K-quant's two-level scales (`scale` and `minimum` are their products)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -135,15 +152,17 @@ def _q8_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     return b[:, 2:].copy().view(np.int8), _f16(b[:, :2])[:, None], None
 
 
-def _q2_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+# K-quants: codes, the super-block's fp16 scale (and minimum scale, negated), 8-bit sub-block scales (and minimums)
+KParts = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
+
+
+def _q2_k(b: np.ndarray) -> KParts:
     scales, qs = b[:, :16], b[:, 16:80]
     d, dmin = _f16(b[:, 80:82])[:, None], _f16(b[:, 82:84])[:, None]
-    scale = d * (scales & 0xF).astype(np.float32)
-    minimum = -(dmin * (scales >> 4).astype(np.float32))
-    return _bits(qs, 32, 4, 2), scale, minimum
+    return _bits(qs, 32, 4, 2), d, scales & 0xF, -dmin, scales >> 4
 
 
-def _q3_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _q3_k(b: np.ndarray) -> KParts:
     n = b.shape[0]
     hmask, qs, raw, d = b[:, :32], b[:, 32:96], b[:, 96:108], _f16(b[:, 108:110])[:, None]
     low = (raw[:, :8].reshape(n, 1, 8) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)).reshape(n, 16)
@@ -151,30 +170,24 @@ def _q3_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     sc = ((low & 0x0F) | ((high & 0x03) << 4)).astype(np.int8) - np.int8(32)
     ql = _bits(qs, 32, 4, 2).astype(np.int8)
     hbit = _bits(hmask, 32, 8, 1) ^ np.uint8(1)
-    return ql - (hbit << np.uint8(2)).astype(np.int8), d * sc.astype(np.float32), None
+    return ql - (hbit << np.uint8(2)).astype(np.int8), d, sc, None, None
 
 
-def _k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    d, dmin = _f16(b[:, :2])[:, None], _f16(b[:, 2:4])[:, None]
+def _q4_k(b: np.ndarray) -> KParts:
     sc, mn = _k_scale_min(b[:, 4:16])
-    return d * sc.astype(np.float32), -(dmin * mn.astype(np.float32))
+    return _nibbles(b[:, 16:], 32), _f16(b[:, :2])[:, None], sc, -_f16(b[:, 2:4])[:, None], mn
 
 
-def _q4_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    scale, minimum = _k_scales(b)
-    return _nibbles(b[:, 16:], 32), scale, minimum
-
-
-def _q5_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    scale, minimum = _k_scales(b)
+def _q5_k(b: np.ndarray) -> KParts:
+    sc, mn = _k_scale_min(b[:, 4:16])
     codes = _nibbles(b[:, 48:], 32) | (_bits(b[:, 16:48], 32, 8, 1) << np.uint8(4))
-    return codes, scale, minimum
+    return codes, _f16(b[:, :2])[:, None], sc, -_f16(b[:, 2:4])[:, None], mn
 
 
-def _q6_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _q6_k(b: np.ndarray) -> KParts:
     ql, qh, sc, d = b[:, :128], b[:, 128:192], b[:, 192:208], _f16(b[:, 208:210])[:, None]
     codes = (_nibbles(ql, 64) | (_bits(qh, 32, 4, 2) << np.uint8(4))).astype(np.int8) - np.int8(32)
-    return codes, d * sc.copy().view(np.int8).astype(np.float32), None
+    return codes, d, sc.copy().view(np.int8), None, None
 
 
 # type -> (decoder of [n_blocks, type_size] bytes, group)
@@ -184,13 +197,15 @@ _DECODERS = {
     GGMLQuantizationType.Q5_0: (_q5_0, 32),
     GGMLQuantizationType.Q5_1: (_q5_1, 32),
     GGMLQuantizationType.Q8_0: (_q8_0, 32),
+}
+_K_DECODERS = {
     GGMLQuantizationType.Q2_K: (_q2_k, 16),
     GGMLQuantizationType.Q3_K: (_q3_k, 16),
     GGMLQuantizationType.Q4_K: (_q4_k, 32),
     GGMLQuantizationType.Q5_K: (_q5_k, 32),
     GGMLQuantizationType.Q6_K: (_q6_k, 16),
 }
-EXACT_TYPES = frozenset(_DECODERS)
+EXACT_TYPES = frozenset(_DECODERS) | frozenset(_K_DECODERS)
 
 
 def is_float(tensor_type: GGMLQuantizationType) -> bool:
@@ -215,6 +230,9 @@ def decode(data: np.ndarray, tensor_type: GGMLQuantizationType, rows: int, cols:
     blocks = np.ascontiguousarray(data).reshape(-1).view(np.uint8).reshape(-1, type_size)
     if blocks.shape[0] != rows * cols // block_size:
         raise ValueError(f"{blocks.shape[0]} {tensor_type.name} blocks for a [{rows}, {cols}] tensor")
+    if tensor_type in _K_DECODERS:
+        k_decoder, group = _K_DECODERS[tensor_type]
+        return _k_grouped(*k_decoder(blocks), rows, cols, group)
     entry = _DECODERS.get(tensor_type)
     if entry is None:
         return _rounded(gguf_dequantize(blocks, tensor_type).reshape(rows, cols))
@@ -226,6 +244,30 @@ def decode(data: np.ndarray, tensor_type: GGMLQuantizationType, rows: int, cols:
         None if minimum is None else np.ascontiguousarray(minimum, dtype=np.float32).reshape(rows, cols // group),
         group,
     )
+
+
+def _k_grouped(
+    codes: np.ndarray,  # [n_blocks, 256]
+    d: np.ndarray,  # [n_blocks, 1] float32 (fp16 values)
+    d_sub: np.ndarray,  # [n_blocks, 256 / group] 8-bit
+    m: np.ndarray | None,  # [n_blocks, 1]: the negated minimum scale
+    m_sub: np.ndarray | None,
+    rows: int,
+    cols: int,
+    group: int,
+) -> Grouped:
+    """A K-quant in grouped form: the group scale `d * d_sub` (and minimum `m * m_sub`) in fp32 products, exact;
+    the two levels kept too (`Super`) for formats that store scales the K-quant way."""
+    supers = cols // QK_K
+    sup = Super(
+        d.reshape(rows, supers),
+        d_sub.astype(np.int8).reshape(rows, cols // group),
+        None if m is None else m.reshape(rows, supers),
+        None if m_sub is None else m_sub.astype(np.int8).reshape(rows, cols // group),
+    )
+    scale = (d * d_sub.astype(np.float32)).reshape(rows, cols // group)
+    minimum = None if m is None or m_sub is None else (m * m_sub.astype(np.float32)).reshape(rows, cols // group)
+    return Grouped(codes.astype(np.int8, copy=False).reshape(rows, cols), scale, minimum, group, super=sup)
 
 
 def _rounded(w: np.ndarray, group: int = 32) -> Grouped:

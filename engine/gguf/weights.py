@@ -124,8 +124,11 @@ class _Part:
         g = self.tensor.grouped()
         if self.heads is None:
             return g
-        minimum = None if g.minimum is None else _unpermute(g.minimum, self.heads)
-        return Grouped(_unpermute(g.codes, self.heads), _unpermute(g.scale, self.heads), minimum, g.group, g.exact)
+        order = _unpermute(np.arange(g.shape[0]), self.heads)  # NOTE: rows move with their codes and scales
+        return Grouped(
+            g.codes[order], g.scale[order], None if g.minimum is None else g.minimum[order], g.group, g.exact,
+            None if g.super is None else g.super.rows(order),
+        )  # fmt: skip
 
 
 def pack_grouped(parts: Sequence[Grouped]) -> PackedWeight:

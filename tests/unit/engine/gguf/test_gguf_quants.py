@@ -80,3 +80,19 @@ def test_a_tensor_that_is_not_whole_blocks_is_refused() -> None:
         decode(np.zeros((1, 144), np.uint8), T.Q4_K, 1, 128)
     with pytest.raises(ValueError, match="blocks for a"):
         decode(np.zeros((1, 144), np.uint8), T.Q4_K, 2, 256)
+
+
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+def test_k_quants_keep_their_two_level_scales(qtype: GGMLQuantizationType) -> None:
+    """scale = d * d_sub and minimum = m * m_sub exactly, d and m fp16 values, d_sub and m_sub 8-bit."""
+    grouped = decode(random_blocks(qtype, 3, 512), qtype, 3, 512)
+    sup = grouped.super
+    assert sup is not None and sup.d.shape == (3, 2) and sup.d_sub.dtype == np.int8
+    per = 256 // grouped.group
+    assert np.array_equal(np.repeat(sup.d, per, axis=1) * sup.d_sub.astype(np.float32), grouped.scale)
+    assert np.array_equal(sup.d.astype(np.float16).astype(np.float32), sup.d)
+    if grouped.minimum is not None:
+        assert sup.m is not None and sup.m_sub is not None
+        assert np.array_equal(np.repeat(sup.m, per, axis=1) * sup.m_sub.astype(np.float32), grouped.minimum)
+    else:
+        assert sup.m is None and sup.m_sub is None
