@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,6 @@ def _has_magic(path: Path) -> bool:
 
 def open_gguf(path: Path) -> GGUFSource:
     """The file's metadata and tensors: one walk of its header, the tensors views of one read-only memory map."""
-    import numpy as np
-
     from infer.engine.gguf.metadata import read_gguf_header
 
     if not _has_magic(path):
@@ -69,11 +68,13 @@ def open_gguf(path: Path) -> GGUFSource:
         meta, infos, data_offset = read_gguf_header(path)
     except ValueError as e:  # the message names the file and the field
         raise GGUFSourceError(str(e)) from None
-    file_map = np.memmap(path, dtype=np.uint8, mode="r")
+    with path.open("rb") as f:
+        file_map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return GGUFSource(path, meta, tuple(_tensor(path, file_map, data_offset, info) for info in infos))
 
 
-def _tensor(path: Path, file_map: Any, data_offset: int, info: TensorInfo) -> FileTensor:
+def _tensor(path: Path, file_map: mmap.mmap, data_offset: int, info: TensorInfo) -> FileTensor:
+    import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:
@@ -86,4 +87,5 @@ def _tensor(path: Path, file_map: Any, data_offset: int, info: TensorInfo) -> Fi
     if elements % block_size or start + num_bytes > len(file_map):
         raise GGUFSourceError(f"{path} is truncated or corrupt: tensor {info.name!r} runs past the end of the file")
     shape = tuple(reversed(info.dims))
-    return FileTensor(info.name, tensor_type, shape, file_map[start : start + num_bytes])
+    data = np.frombuffer(file_map, dtype=np.uint8, count=num_bytes, offset=start)
+    return FileTensor(info.name, tensor_type, shape, data, (file_map, start, num_bytes))

@@ -16,7 +16,9 @@ those rows are put back in Hugging Face order (a row permutation: codes and scal
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import mmap
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,6 +66,17 @@ class FileTensor:
     tensor_type: Any  # gguf.GGMLQuantizationType
     shape: tuple[int, ...]
     data: np.ndarray  # the file's bytes or values (a view of its memory map)
+    pages: tuple[mmap.mmap, int, int] | None = None  # the map, the first byte and the length of `data` in it
+
+    def drop_pages(self) -> None:
+        """Once copied into the model: let the kernel drop the file's pages from this process (they stay in the
+        page cache), so that the peak memory of a load is the model's, not the model's plus the file's."""
+        if self.pages is None:
+            return
+        file_map, start, length = self.pages
+        first = start - start % mmap.PAGESIZE
+        with contextlib.suppress(OSError, ValueError):  # NOTE: advice only; a platform without it keeps the pages
+            file_map.madvise(mmap.MADV_DONTNEED, first, start + length - first)
 
     @property
     def is_float(self) -> bool:
@@ -223,6 +236,8 @@ def fill_model(model: CausalLM, arch: str, tensors: Sequence[FileTensor], keep: 
                 module.use_packed(packed)
         else:
             _fill_float(param, parts)
+        for part in parts:
+            part.tensor.drop_pages()
     rounded = sorted({t.tensor_type.name for t in tensors if not t.is_float and t.tensor_type not in EXACT_TYPES})
     if keep and rounded:
         logger.warning("tensor types with no exact grouped form (%s): rounded to int8 codes per group of 32",
