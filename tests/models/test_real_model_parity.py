@@ -15,7 +15,7 @@ from benchmarks.real_models import model_path
 from infer.engine import LLM, SamplingParams
 from tests.helpers.hf_reference import hf_greedy
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.timeout(3600)]  # transformers at 1.5B in fp32: minutes
 
 MODELS = ["gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
 INSTRUCT = {"qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"}
