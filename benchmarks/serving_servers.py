@@ -42,6 +42,8 @@ class Running:
     grpc: str | None  # host:port
     http: str  # the OpenAI base URL, .../v1
     log: Path
+    pid: int = 0  # the server process
+    ready_s: float = 0.0  # from the process's start to health OK
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
@@ -67,6 +69,7 @@ def infer_server(name: str, flags: tuple[str, ...], log_dir: Path) -> Iterator[R
     log = log_dir / f"server-{name}.log"
     cmd = [sys.executable, "-m", "infer.server.cli", "serve", "--host", "127.0.0.1", "--grpc-port", str(grpc_port),
            "--http-port", str(http_port), "--metrics-port", "off", *flags]  # fmt: skip
+    start_s = time.monotonic()
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -81,18 +84,22 @@ def infer_server(name: str, flags: tuple[str, ...], log_dir: Path) -> Iterator[R
                 except TimeoutError:
                     if time.monotonic() > deadline:
                         raise
-        yield Running(name, address, f"http://127.0.0.1:{http_port}/v1", log)
+        ready_s = time.monotonic() - start_s
+        yield Running(name, address, f"http://127.0.0.1:{http_port}/v1", log, proc.pid, ready_s)
     finally:
         _stop(proc)
 
 
 @contextlib.contextmanager
-def llama_server(slots: int, context: int, threads: int, log_dir: Path) -> Iterator[Running]:
-    """llama.cpp's server on the same model (its Q4_1 GGUF), `slots` parallel sequences; ready when yielded."""
+def llama_server(slots: int, context: int, threads: int, log_dir: Path, model: Path | None = None,
+                 flags: tuple[str, ...] = (), name: str = "llama") -> Iterator[Running]:  # fmt: skip
+    """llama.cpp's server on `model` (default: the default model's Q4_1 GGUF), `slots` parallel sequences, any
+    extra `flags`; ready when yielded."""
     port = free_port()
-    log = log_dir / "server-llama.log"
-    cmd = [str(LLAMA_SERVER), "-m", str(smollm2_gguf()), "-np", str(slots), "-c", str(context), "-t", str(threads),
-           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    log = log_dir / f"server-{name}.log"
+    cmd = [str(LLAMA_SERVER), "-m", str(model or smollm2_gguf()), "-np", str(slots), "-c", str(context),
+           "-t", str(threads), *flags, "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    start_s = time.monotonic()
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -104,8 +111,8 @@ def llama_server(slots: int, context: int, threads: int, log_dir: Path) -> Itera
                     break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"llama-server not ready after {START_TIMEOUT_S:.0f} s; log {log}")
-            time.sleep(0.5)
-        yield Running("llama", None, f"http://127.0.0.1:{port}/v1", log)
+            time.sleep(0.1)
+        yield Running(name, None, f"http://127.0.0.1:{port}/v1", log, proc.pid, time.monotonic() - start_s)
     finally:
         _stop(proc)
 
