@@ -8,11 +8,11 @@ interface models import; the rest of the package is the backends' insides.
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
 from infer.kernels.backend import BACKENDS, select_kernels
 from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights
-from infer.kernels.int4 import Int4Weight, pack_int4
+from infer.kernels.int4 import Int4Weight, pack_int4, pack_int4_super
 from infer.kernels.int8 import Int8Weight
-from infer.kernels.int8g import Int8GroupWeight, pack_int8g
+from infer.kernels.int8g import Int8GroupWeight, pack_int8g, pack_int8g_super
 from infer.kernels.interface import Kernels, LinearWeight
-from infer.kernels.packed import PackedWeight
+from infer.kernels.packed import PackedWeight, SuperScales
 from infer.kernels.rotary import RopeConfig, RotaryAngles, cos_sin_cache
 
 __all__ = [
@@ -30,8 +30,11 @@ __all__ = [
     "PackedWeight",
     "RopeConfig",
     "RotaryAngles",
+    "SuperScales",
     "cos_sin_cache",
     "pack_int4",
+    "pack_int4_super",
     "pack_int8g",
+    "pack_int8g_super",
     "select_kernels",
 ]

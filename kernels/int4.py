@@ -4,7 +4,9 @@ A weight `[N, K]` is cut into groups of `GROUP` (32) input features per output
 channel; each group gets a scale `d` and a minimum `m` with `w = d * q + m`, `q`
 in 0..15. `quantize_int4` rounds to nearest (`d = (max - min) / 15`, fp16 as Q4_1
 stores them); `pack_int4` packs given codes, scales and minimums, stored as fp16
-or, exactly, as fp32 (K-quants' scales, `d_super * sc`, need up to 17 bits).
+or, exactly, as fp32 (K-quants' scales, `d_super * sc`, need up to 17 bits);
+`pack_int4_super` keeps Q4_K's two-level scales as the file has them
+(`packed.SuperScales`: `d = d_super * d_sub`, `m = m_super * m_sub` per group).
 `in_features` that are not a multiple of 32 are padded with zero codes (an input
 is padded with zeros the same way, so the padding adds nothing).
 
@@ -13,7 +15,11 @@ strip of 16 output channels, `[N_pad / 16, K_pad / 32, 320 | 384]` uint8: each
 group's block is 4 x 64 bytes of nibbles (64 bytes hold 16 channels x 8 k: byte
 `4 c + b` holds k `8 j + b` in its low nibble and `8 j + 4 + b` in its high
 nibble, for the j-th 64 bytes), then `d` and `m` as 16 fp16 each (320 bytes) or
-16 fp32 each (384 bytes). A strip is read front to back, once per call.
+16 fp32 each (384 bytes). Two-level scales: `[N_pad / 16, K / 256, 2368]`, a
+super-block of 8 groups is the 16 `d_super` then the 16 `m_super` (fp16, 64
+bytes), then per group its 256 bytes of nibbles, its 16 `d_sub` and its 16
+`m_sub` (int8, 288 bytes). Bytes per weight: 0.625 (fp16), 0.75 (fp32), 0.578
+(two-level). A strip is read front to back, once per call.
 
 Inputs are quantized per row and group of 32 to int16 (`packed.quantize_activations`),
 so the kernel's products are exact integers (32 per instruction, no float conversion
@@ -40,20 +46,40 @@ from infer.kernels.packed import (
     INT16_MAX,
     NO_TENSOR,
     STRIP,
+    SUPER,
+    SUPER_SCALES,
     PackedWeight,
+    SuperScales,
     bias_arg,
     channel_of,
     check_scale_dtype,
     quantize_activations,
     round_up,
     stored_scales,
+    super_scales,
 )
 
-__all__ = ["GROUP", "INT16_MAX", "Int4Weight", "int4_linear_ref", "pack_int4", "quantize_activations", "quantize_int4"]
+__all__ = [
+    "GROUP",
+    "INT16_MAX",
+    "Int4Weight",
+    "int4_linear_ref",
+    "pack_int4",
+    "pack_int4_super",
+    "quantize_activations",
+    "quantize_int4",
+]
 
 GROUP = 32  # input features per scale and minimum
 NIBBLE_BYTES = STRIP * GROUP // 2  # 256: one group of a strip's weights
-BLOCK_BYTES = {torch.float16: NIBBLE_BYTES + 2 * STRIP * 2, torch.float32: NIBBLE_BYTES + 2 * STRIP * 4}  # 320, 384
+SUPER_GROUPS = SUPER // GROUP  # 8 groups a super-block
+HEAD_BYTES = 2 * STRIP * 2  # 64: a super-block's fp16 d_super and m_super
+# a strip's block per group (fp16: 320, fp32: 384), or per super-block of 8 groups (int8: 64 + 8 * 288)
+BLOCK_BYTES = {
+    torch.float16: NIBBLE_BYTES + 2 * STRIP * 2,
+    torch.float32: NIBBLE_BYTES + 2 * STRIP * 4,
+    SUPER_SCALES: HEAD_BYTES + SUPER_GROUPS * (NIBBLE_BYTES + 2 * STRIP),
+}
 
 
 @dataclass(frozen=True)
@@ -61,20 +87,20 @@ class Int4Weight(PackedWeight):
     """A `[out_features, in_features]` int4 weight, packed for the kernel (see the module's docstring)."""
 
     format_id: ClassVar[int] = 2
-    packed: torch.Tensor  # [N_pad / 16, K_pad / 32, 320 | 384] uint8
+    packed: torch.Tensor  # [N_pad / 16, K_pad / 32, 320 | 384] or [N_pad / 16, K / 256, 2368] uint8
     out_features: int
     in_features: int
 
     @property
-    def scale_dtype(self) -> torch.dtype:
-        return torch.float16 if self.packed.shape[2] == BLOCK_BYTES[torch.float16] else torch.float32
+    def scale_dtype(self) -> torch.dtype:  # fp16, fp32 or SUPER_SCALES (two-level)
+        return next(dtype for dtype, size in BLOCK_BYTES.items() if size == self.packed.shape[2])
 
     @property
     def padded_in_features(self) -> int:
-        return self.packed.shape[1] * GROUP
+        return self.packed.shape[1] * (SUPER if self.scale_dtype == SUPER_SCALES else GROUP)
 
     def codes(self) -> torch.Tensor:  # [N_pad, K_pad] uint8, 0..15
-        return _codes(self.packed).reshape(-1, self.padded_in_features)
+        return _codes(_groups(self.packed, self.scale_dtype)).reshape(-1, self.padded_in_features)
 
     def scales(self) -> tuple[torch.Tensor, torch.Tensor]:  # d, m: [N_pad, K_pad / 32] fp32 each
         d, m = _scales(self.packed, self.scale_dtype)
@@ -89,9 +115,10 @@ class Int4Weight(PackedWeight):
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:  # [n] -> [n, in_features] fp32
         strip, channel = channel_of(ids, self.out_features)
-        blocks = self.packed[strip]  # [n, G, block]: the strips of the rows asked for
+        blocks = self.packed[strip]  # [n, G | K / 256, block]: the strips of the rows asked for
         pick = torch.arange(blocks.shape[0])
-        nib = blocks[..., :NIBBLE_BYTES].reshape(*blocks.shape[:2], 4, STRIP, 4)[pick, :, :, channel]  # [n, g, j, b]
+        groups = _groups(blocks, self.scale_dtype)  # [n, G, block]
+        nib = groups[..., :NIBBLE_BYTES].reshape(*groups.shape[:2], 4, STRIP, 4)[pick, :, :, channel]  # [n, g, j, b]
         d, m = (t[pick, channel] for t in _scales(blocks, self.scale_dtype))  # [n, G]
         return _values(_nibbles(nib), d, m)[:, : self.in_features]
 
@@ -106,6 +133,13 @@ class Int4Weight(PackedWeight):
         return [self.packed, NO_TENSOR, bias_arg(bias)]  # the scales live in the packed blocks
 
 
+def _groups(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # -> [s, G, block]: nibbles first
+    """A strip's blocks a group each (two-level: the super-blocks' groups, their heads dropped)."""
+    if dtype != SUPER_SCALES:
+        return blocks
+    return blocks[..., HEAD_BYTES:].reshape(blocks.shape[0], -1, NIBBLE_BYTES + 2 * STRIP)
+
+
 def _codes(blocks: torch.Tensor) -> torch.Tensor:  # [s, G, block] uint8 -> [s, 16, K_pad] uint8
     strips, groups = blocks.shape[:2]
     nib = blocks[..., :NIBBLE_BYTES].reshape(strips, groups, 4, STRIP, 4)  # [s, g, j, c, b]
@@ -118,6 +152,10 @@ def _nibbles(nib: torch.Tensor) -> torch.Tensor:  # [..., G, 4 (j), 4 (b)] bytes
 
 
 def _scales(blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # d, m: [s, 16, G]
+    if dtype == SUPER_SCALES:
+        d, m = super_scales(blocks[..., :HEAD_BYTES], _groups(blocks, dtype)[..., NIBBLE_BYTES:], has_min=True)
+        assert m is not None
+        return d.transpose(1, 2), m.transpose(1, 2)
     tail = blocks[..., NIBBLE_BYTES:].contiguous().view(dtype).float()  # [s, G, 32]
     return tail[..., :STRIP].transpose(1, 2), tail[..., STRIP:].transpose(1, 2)
 
@@ -136,16 +174,39 @@ def pack_int4(
 ) -> Int4Weight:
     """Given codes, scales and minimums (`w = d * q + m` per group of 32) packed for the kernel."""
     check_scale_dtype(scale_dtype)
+    _check_codes(codes)
     n, k = codes.shape
     groups = -(-k // GROUP)
-    if codes.dtype != torch.uint8 or (codes.numel() > 0 and int(codes.max()) > 15):
-        raise ValueError("int4: codes must be uint8 in 0..15")
     if d.shape != (n, groups) or m.shape != (n, groups):
         raise ValueError(f"int4: d and m must be [{n}, {groups}], got {tuple(d.shape)} and {tuple(m.shape)}")
     n_pad = round_up(n, STRIP)
     q = F.pad(codes.cpu(), (0, groups * GROUP - k, 0, n_pad - n))  # [N_pad, K_pad]: zero codes in the padding
     d_s, m_s = (F.pad(stored_scales(t.float().cpu(), scale_dtype, "int4"), (0, 0, 0, n_pad - n)) for t in (d, m))
     return Int4Weight(_pack(q, d_s, m_s), n, k)
+
+
+def pack_int4_super(
+    codes: torch.Tensor,  # [N, K] uint8, 0..15; K a multiple of 256
+    scales: SuperScales,  # groups of 32, with minimums (Q4_K's)
+) -> Int4Weight:
+    """Given codes and two-level scales (`w = (d_super * d_sub) * q + (m_super * m_sub)` per group of 32), packed
+    with the scales as the file has them; ValueError where they do not fit (store them as fp32 then)."""
+    _check_codes(codes)
+    n, k = codes.shape
+    scales.check(n, k, GROUP, "int4")
+    if not scales.has_min:
+        raise ValueError("int4: two-level scales need minimums (m_sub, m_super)")
+    n_pad = round_up(n, STRIP)
+    strips, supers = n_pad // STRIP, k // SUPER
+    head, subs = scales.strip_parts(n_pad)
+    nibbles = _nibble_bytes(F.pad(codes.cpu(), (0, 0, 0, n_pad - n)))  # [s, G, 256]
+    groups = torch.cat((nibbles, *subs), dim=2).view(strips, supers, -1)  # [s, K / 256, 8 * 288]
+    return Int4Weight(torch.cat((head, groups), dim=2).contiguous(), n, k)
+
+
+def _check_codes(codes: torch.Tensor) -> None:
+    if codes.dim() != 2 or codes.dtype != torch.uint8 or (codes.numel() > 0 and int(codes.max()) > 15):
+        raise ValueError("int4: codes must be [N, K] uint8 in 0..15")
 
 
 def quantize_int4(weight: torch.Tensor) -> Int4Weight:  # weight: [N, K] float
@@ -167,12 +228,15 @@ def quantize_int4(weight: torch.Tensor) -> Int4Weight:  # weight: [N, K] float
 
 def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """q [N_pad, K_pad] uint8 codes, d and m [N_pad, G] (fp16 or fp32) -> [N_pad / 16, G, 320 | 384] uint8."""
-    n_pad, k_pad = q.shape
-    strips, groups = n_pad // STRIP, k_pad // GROUP
-    q6 = q.view(strips, STRIP, groups, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)  # [s, g, j, c, half, b]
-    nibbles = (q6[..., 0, :] | (q6[..., 1, :] << 4)).reshape(strips, groups, NIBBLE_BYTES)
+    strips, groups = q.shape[0] // STRIP, q.shape[1] // GROUP
     dm = torch.cat([t.view(strips, STRIP, groups).permute(0, 2, 1) for t in (d, m)], dim=2)  # [s, g, 32]
-    return torch.cat((nibbles, dm.contiguous().view(torch.uint8)), dim=2).contiguous()
+    return torch.cat((_nibble_bytes(q), dm.contiguous().view(torch.uint8)), dim=2).contiguous()
+
+
+def _nibble_bytes(q: torch.Tensor) -> torch.Tensor:  # [N_pad, K_pad] uint8 codes -> [N_pad / 16, G, 256] uint8
+    strips, groups = q.shape[0] // STRIP, q.shape[1] // GROUP
+    q6 = q.view(strips, STRIP, groups, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)  # [s, g, j, c, half, b]
+    return (q6[..., 0, :] | (q6[..., 1, :] << 4)).reshape(strips, groups, NIBBLE_BYTES)
 
 
 def int4_linear_ref(

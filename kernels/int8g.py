@@ -3,15 +3,20 @@ input features, the form GGUF's Q8_0, Q5_0, Q5_1, Q6_K, Q5_K (and, exactly, Q2_K
 
 A weight `[N, K]` is `w = d * q + m` per output channel and group of `group` (16 or 32) inputs: `q` int8, `d`
 and `m` stored as fp16 or fp32; `m` absent (symmetric, `w = d * q`) for Q8_0, Q5_0, Q6_K, Q3_K. `pack_int8g`
-packs given codes, scales and minimums; `quantize_int8g` rounds a float weight to nearest, symmetric, fp16
-scales (for tests). `in_features` that are not a multiple of the group are padded with zero codes.
+packs given codes, scales and minimums; `pack_int8g_super` keeps K-quants' two-level scales as the file has
+them (`packed.SuperScales`: `d = d_super * d_sub`, `m = m_super * m_sub` per group, `scale_dtype` int8);
+`quantize_int8g` rounds a float weight to nearest, symmetric, fp16 scales (for tests). `in_features` that are
+not a multiple of the group are padded with zero codes.
 
 Packed for the compiled kernel (`csrc/int8g_linear.cpp`) as one byte stream per strip of 16 output channels,
 `[N_pad / 16, K_pad / group, block]` uint8: a group's block is its codes for the 16 channels as `[group / 2,
 16, 2]` int8 (32 bytes hold k `2 j` and `2 j + 1` of every channel: one load, 16 lanes of an int16 pair),
 then the 16 scales, then the 16 minimums if any. Bytes per weight: `1 + scale bytes * (1 + has_min) / group`:
-1.0625 for symmetric fp16 groups of 32 (Q8_0's), 1.25 for symmetric fp32 groups of 16. A strip is read front
-to back, once per call.
+1.0625 for symmetric fp16 groups of 32 (Q8_0's), 1.25 for symmetric fp32 groups of 16. Two-level scales:
+`[N_pad / 16, K / 256, block]`, a super-block is its 16 `d_super` (then 16 `m_super`), fp16, then its 16 or 8
+groups, each its codes as above, its 16 `d_sub` (then 16 `m_sub`), int8: 1.0703 bytes per weight for symmetric
+groups of 16 (Q6_K, Q3_K), 1.0781 for groups of 32 with minimums (Q5_K). A strip is read front to back, once per
+call.
 
 Inputs are quantized per row and per weight group (16 or 32 inputs, `packed.quantize_activations`) to int16,
 so each group's dot product is exact integer arithmetic and a row's result never depends on the rows beside
@@ -32,13 +37,17 @@ from infer.kernels.packed import (
     FP16_MAX,
     FP16_TINY,
     STRIP,
+    SUPER,
+    SUPER_SCALES,
     PackedWeight,
+    SuperScales,
     bias_arg,
     channel_of,
     check_scale_dtype,
     quantize_activations,
     round_up,
     stored_scales,
+    super_scales,
 )
 
 GROUPS = (16, 32)  # input features per scale (and minimum)
@@ -55,20 +64,23 @@ class Int8GroupWeight(PackedWeight):
     in_features: int
     group: int  # 16 or 32
     has_min: bool  # False: symmetric, w = d * q
-    scale_dtype: torch.dtype  # fp16 or fp32: d and m as stored
+    scale_dtype: torch.dtype  # fp16 or fp32: d and m as stored; SUPER_SCALES: two-level
+
+    @property
+    def is_super(self) -> bool:
+        return self.scale_dtype == SUPER_SCALES
 
     @property
     def padded_in_features(self) -> int:
-        return self.packed.shape[1] * self.group
+        return self.packed.shape[1] * (SUPER if self.is_super else self.group)
 
     @property
-    def scale_bytes(self) -> int:
-        return 2 if self.scale_dtype == torch.float16 else 4
+    def scale_bytes(self) -> int:  # a group's scale as stored: 2 (fp16), 4 (fp32), 1 (int8 d_sub)
+        return self.scale_dtype.itemsize
 
     def codes(self) -> torch.Tensor:  # [N_pad, K_pad] int8
-        strips, groups = self.packed.shape[:2]
         q = self._codes(self.packed).permute(0, 3, 1, 2, 4)  # [s, c, g, j, b]
-        return q.reshape(strips * STRIP, groups * self.group)
+        return q.reshape(self.packed.shape[0] * STRIP, self.padded_in_features)
 
     def scales(self) -> tuple[torch.Tensor, torch.Tensor | None]:  # d, m: [N_pad, K_pad / group] fp32 (m None)
         d, m = self._scales(self.packed)  # [s, G, 16]
@@ -80,7 +92,7 @@ class Int8GroupWeight(PackedWeight):
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:  # [n] -> [n, in_features] fp32
         strip, channel = channel_of(ids, self.out_features)
-        blocks = self.packed[strip]  # [n, G, block]: the strips of the rows asked for
+        blocks = self.packed[strip]  # [n, G | K / 256, block]: the strips of the rows asked for
         pick = torch.arange(blocks.shape[0])
         codes = self._codes(blocks)[pick, :, :, channel].reshape(len(pick), self.padded_in_features)
         d, m = self._scales(blocks)  # [n, G, 16]
@@ -100,13 +112,28 @@ class Int8GroupWeight(PackedWeight):
         layout = torch.tensor([self.group, self.scale_bytes, int(self.has_min)], dtype=torch.int64)
         return [self.packed, layout, bias_arg(bias)]  # aux: the layout, as `int8g_linear` takes it
 
-    def _codes(self, blocks: torch.Tensor) -> torch.Tensor:  # [s, G, block] -> [s, G, group / 2, 16, 2] int8
+    def _groups(self, blocks: torch.Tensor) -> torch.Tensor:  # [s, G | K / 256, block] -> [s, G, group's block]
+        """A strip's blocks a group each (two-level: the super-blocks' groups, their heads dropped)."""
+        if not self.is_super:
+            return blocks
+        head = _head_bytes(self.has_min)
+        return blocks[..., head:].reshape(blocks.shape[0], -1, STRIP * (self.group + 1 + self.has_min))
+
+    def _codes(self, blocks: torch.Tensor) -> torch.Tensor:  # [s, G | K / 256, block] -> [s, G, group / 2, 16, 2]
+        groups = self._groups(blocks)
         code_bytes = STRIP * self.group
-        return blocks[..., :code_bytes].contiguous().view(torch.int8).view(*blocks.shape[:2], self.group // 2, STRIP, 2)
+        return groups[..., :code_bytes].contiguous().view(torch.int8).view(*groups.shape[:2], self.group // 2, STRIP, 2)
 
     def _scales(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:  # [s, G, 16] fp32 each
-        tail = blocks[..., STRIP * self.group :].contiguous().view(self.scale_dtype).float()
-        return tail[..., :STRIP], tail[..., STRIP:] if self.has_min else None
+        tail = self._groups(blocks)[..., STRIP * self.group :]
+        if self.is_super:
+            return super_scales(blocks[..., : _head_bytes(self.has_min)], tail, self.has_min)
+        values = tail.contiguous().view(self.scale_dtype).float()
+        return values[..., :STRIP], values[..., STRIP:] if self.has_min else None
+
+
+def _head_bytes(has_min: bool) -> int:  # a super-block's fp16 d_super (and m_super)
+    return STRIP * 2 * (1 + has_min)
 
 
 def _by_channel(t: torch.Tensor) -> torch.Tensor:  # [s, G, 16] -> [N_pad, G]
@@ -130,10 +157,7 @@ def pack_int8g(
 ) -> Int8GroupWeight:
     """Given codes, scales and (optional) minimums, `w = d * q + m` per group, packed for the kernel."""
     check_scale_dtype(scale_dtype)
-    if group not in GROUPS:
-        raise ValueError(f"int8g: groups of 16 or 32 inputs, not {group}")
-    if codes.dtype != torch.int8 or codes.dim() != 2:
-        raise ValueError("int8g: codes must be [N, K] int8")
+    _check_codes(codes, group)
     n, k = codes.shape
     groups, n_pad = -(-k // group), round_up(n, STRIP)
     for t in (d, m):
@@ -141,14 +165,44 @@ def pack_int8g(
             raise ValueError(f"int8g: d and m must be [{n}, {groups}], got {tuple(t.shape)}")
     strips = n_pad // STRIP
     q = F.pad(codes.cpu(), (0, groups * group - k, 0, n_pad - n))  # [N_pad, K_pad]: zero codes in the padding
-    q = q.view(strips, STRIP, groups, group // 2, 2).permute(0, 2, 3, 1, 4)  # [s, g, j, c, b]
-    parts = [q.reshape(strips, groups, STRIP * group).view(torch.uint8)]
+    parts = [_code_bytes(q, group)]
     for t in (d, m):
         if t is not None:
             stored = F.pad(stored_scales(t.float().cpu(), scale_dtype, "int8g"), (0, 0, 0, n_pad - n))
             parts.append(stored.view(strips, STRIP, groups).transpose(1, 2).contiguous().view(torch.uint8))
     packed = torch.cat(parts, dim=2).contiguous()
     return Int8GroupWeight(packed, n, k, group, m is not None, scale_dtype)
+
+
+def pack_int8g_super(
+    codes: torch.Tensor,  # [N, K] int8; K a multiple of 256
+    scales: SuperScales,  # K-quants' two-level scales (minimums optional)
+    group: int,  # 16 or 32
+) -> Int8GroupWeight:
+    """Given codes and two-level scales (`w = (d_super * d_sub) * q + (m_super * m_sub)` per group), packed with
+    the scales as the file has them; ValueError where they do not fit (store them as fp32 then)."""
+    _check_codes(codes, group)
+    n, k = codes.shape
+    scales.check(n, k, group, "int8g")
+    n_pad = round_up(n, STRIP)
+    head, subs = scales.strip_parts(n_pad)
+    q = _code_bytes(F.pad(codes.cpu(), (0, 0, 0, n_pad - n)), group)  # [s, G, 16 * group]
+    groups = torch.cat((q, *subs), dim=2).view(n_pad // STRIP, k // SUPER, -1)  # [s, K / 256, groups' blocks]
+    packed = torch.cat((head, groups), dim=2).contiguous()
+    return Int8GroupWeight(packed, n, k, group, scales.has_min, SUPER_SCALES)
+
+
+def _check_codes(codes: torch.Tensor, group: int) -> None:
+    if group not in GROUPS:
+        raise ValueError(f"int8g: groups of 16 or 32 inputs, not {group}")
+    if codes.dtype != torch.int8 or codes.dim() != 2:
+        raise ValueError("int8g: codes must be [N, K] int8")
+
+
+def _code_bytes(q: torch.Tensor, group: int) -> torch.Tensor:  # [N_pad, K_pad] int8 -> [s, G, 16 * group] uint8
+    strips, groups = q.shape[0] // STRIP, q.shape[1] // group
+    q = q.view(strips, STRIP, groups, group // 2, 2).permute(0, 2, 3, 1, 4)  # [s, g, j, c, b]
+    return q.reshape(strips, groups, STRIP * group).view(torch.uint8)
 
 
 def quantize_int8g(weight: torch.Tensor, group: int = 32) -> Int8GroupWeight:  # weight: [N, K] float

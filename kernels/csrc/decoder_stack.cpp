@@ -26,11 +26,13 @@ enum Format : int64_t { kFloat = 0, kInt8 = 1, kInt4 = 2, kInt8G = 3 };
 struct Linear {
   int64_t format = kFloat;
   at::Tensor weight;  // kFloat: [N, K] fp32, rows contiguous; kInt8: packed [N_pad / 16, K_pad / 2, 16, 2];
-                      // kInt4: packed [N_pad / 16, K_pad / 32, 320 | 384]; kInt8G: packed [N_pad / 16, K / G, block]
+                      // kInt4: packed [N_pad / 16, K_pad / 32, 320 | 384] or [N_pad / 16, K / 256, 2368]
+                      // (two-level scales); kInt8G: packed [N_pad / 16, K / G, block] or [.., K / 256, block]
   at::Tensor scale;   // kInt8: [N_pad] fp32 (kInt4 and kInt8G keep their scales in the blocks)
   c10::optional<at::Tensor> bias;
   int64_t out_features = 0;
-  int64_t group = 0, scale_bytes = 0;  // kInt8G: the layout (its aux tensor: group, scale bytes, has_min)
+  int64_t group = 0, scale_bytes = 0;  // kInt8G: the layout (its aux tensor: group, scale bytes, has_min;
+                                       // scale bytes 2: fp16, 4: fp32, 1: two-level, as int8g_linear takes it)
   bool has_min = false;
 };
 
@@ -80,7 +82,8 @@ class DecoderStack : public torch::CustomClassHolder {
 
   // norms: input, post-attention, q, k, pre-ffn, post-ffn (empty tensors where the model has none);
   // linears: qkv, o, gate_up, down as (weight, aux, bias) each, empty where absent (aux: kInt8's scale, kInt8G's
-  // layout [group, scale bytes, has_min] int64); attention: scale, softcap
+  // layout [group, scale bytes (1: two-level), has_min] int64; kInt4's block size tells its scales); attention:
+  // scale, softcap
   void add_layer(std::vector<at::Tensor> norms, std::vector<at::Tensor> linears, std::vector<int64_t> formats,
                  std::vector<int64_t> out_features, std::vector<double> attention, int64_t window, int64_t rope) {
     TORCH_CHECK(norms.size() == 6 && linears.size() == 12 && formats.size() == 4 && out_features.size() == 4 &&

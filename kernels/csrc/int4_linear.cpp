@@ -3,7 +3,10 @@
 // The weight comes packed by kernels/int4.py: one byte stream per strip of 16 output channels, a block per
 // group of 32 input features: 4 x 64 bytes of nibbles (bytes 4c + b of the j-th 64 hold k = 8j + b in the low
 // and 8j + 4 + b in the high nibble for channel c), then d and m, w = d * q + m: 16 fp16 each (a 320-byte
-// block) or 16 fp32 each (384 bytes: K-quants' scales, exact). The block size picks the kernel (`Scale`).
+// block) or 16 fp32 each (384 bytes: K-quants' scales, exact). Or two-level, as K-quants ship them (`Super`):
+// a 2368-byte block per super-block of 8 groups, its 16 d_super and 16 m_super (fp16), then per group the
+// nibbles, 16 d_sub and 16 m_sub (int8); a group's d = d_super * d_sub and m = m_super * m_sub, both exact fp32
+// products, decoded per group in registers. The block size picks the kernel (`Scale`).
 //
 // Inputs are quantized per row and group of 32 to int16: s = max|x| / 32767, xq = round(x / s) (half to
 // even), the same operations as kernels/int4.py's `quantize_activations`. Then a group's contribution to
@@ -47,9 +50,38 @@ namespace {
 constexpr int64_t kStrip = 16;                          // output channels per strip
 constexpr int64_t kGroup = 32;                          // input features per scale and minimum
 constexpr int64_t kNibbleBytes = kStrip * kGroup / 2;   // 256
-// a block: nibbles, then d and m as 16 `Scale` each (c10::Half: 320 bytes, float: 384)
+
+// how a strip stores its groups' d and m: `Scale` (c10::Half, float) in each group's block, or two-level
+// (`Super`: int8 in each group's block, times the fp16 in its super-block's head)
+struct Super {};
 template <typename Scale>
-constexpr int64_t kBlockBytes = kNibbleBytes + 2 * kStrip * static_cast<int64_t>(sizeof(Scale));
+struct Blocks {
+  static constexpr int64_t kGroups = 1;     // groups a super-block
+  static constexpr int64_t kHeadBytes = 0;  // a super-block's d_super and m_super
+  static constexpr int64_t kScaleBytes = kStrip * static_cast<int64_t>(sizeof(Scale));  // a group's 16 d (or m)
+  static constexpr int64_t kBlockBytes = kNibbleBytes + 2 * kScaleBytes;                // 320, 384
+};
+template <>
+struct Blocks<Super> {
+  static constexpr int64_t kGroups = 8;
+  static constexpr int64_t kHeadBytes = 2 * kStrip * 2;
+  static constexpr int64_t kScaleBytes = kStrip;  // int8
+  static constexpr int64_t kBlockBytes = kNibbleBytes + 2 * kScaleBytes;  // 288
+};
+// the packed tensor's last dimension: a group's block (320, 384), or a super-block's (2368)
+template <typename Scale>
+constexpr int64_t kSuperBytes = Blocks<Scale>::kHeadBytes + Blocks<Scale>::kGroups * Blocks<Scale>::kBlockBytes;
+
+// group g of a strip: its block (nibbles, then its scales) and its super-block's head
+template <typename Scale>
+inline const uint8_t* group_head(const uint8_t* strip, int64_t g) {
+  return strip + (g / Blocks<Scale>::kGroups) * kSuperBytes<Scale>;
+}
+template <typename Scale>
+inline const uint8_t* group_block(const uint8_t* strip, int64_t g) {
+  using B = Blocks<Scale>;
+  return group_head<Scale>(strip, g) + B::kHeadBytes + (g % B::kGroups) * B::kBlockBytes;
+}
 constexpr int64_t kPairs = kGroup / 2;                  // int16 input pairs per group
 #ifdef INFER_INT4_AVX2
 constexpr int kTileRows = 3;  // rows per register tile: 6 int32 sums of 8 channels, 16 ymm registers in all
@@ -65,7 +97,7 @@ constexpr int kPairLow[4] = {0, 4, 1, 5}, kPairHigh[4] = {2, 6, 3, 7};
 
 struct Problem {
   int64_t M, N, K;          // K padded to a multiple of 32
-  const uint8_t* packed;    // [N_pad / 16][K / 32][320]
+  const uint8_t* packed;    // [N_pad / 16][K / 32][320 | 384] or [N_pad / 16][K / 256][2368]
   const int32_t* xq;        // [M][K / 2]: int16 pairs, per group in kPairLow/kPairHigh order
   const float* xs;          // [M][K / 32]: s
   const float* xsum;        // [M][K / 32]: sum of the group's xq (an integer)
@@ -73,10 +105,15 @@ struct Problem {
   float* y;                 // [M, N] fp32
 };
 
-// the c-th of a block's 16 scales (or minimums) at p, as fp32
+// channel c's d (which 0) or m (which 1) of the group whose block and head are given, as fp32
 template <typename Scale>
-inline float scale_at(const uint8_t* p, int64_t c) {
-  if constexpr (std::is_same_v<Scale, float>) {
+inline float scale_at(const uint8_t* head, const uint8_t* block, int which, int64_t c) {
+  const uint8_t* p = block + kNibbleBytes + which * Blocks<Scale>::kScaleBytes;
+  if constexpr (std::is_same_v<Scale, Super>) {
+    uint16_t bits;
+    std::memcpy(&bits, head + 2 * (which * kStrip + c), sizeof bits);
+    return static_cast<float>(c10::Half(bits, c10::Half::from_bits())) * static_cast<float>(static_cast<int8_t>(p[c]));
+  } else if constexpr (std::is_same_v<Scale, float>) {
     float v;
     std::memcpy(&v, p + 4 * c, sizeof v);
     return v;
@@ -126,10 +163,14 @@ inline __m512i dot_pairs(__m512i acc, __m512i w, __m512i x) {
 #endif
 }
 
-// a block's 16 scales (or minimums) at p
+// the 16 d (which 0) or m (which 1) of the group whose block and head are given
 template <typename Scale>
-inline __m512 load_scales(const uint8_t* p) {
-  if constexpr (std::is_same_v<Scale, float>) {
+inline __m512 load_scales(const uint8_t* head, const uint8_t* block, int which) {
+  const uint8_t* p = block + kNibbleBytes + which * Blocks<Scale>::kScaleBytes;
+  if constexpr (std::is_same_v<Scale, Super>) {
+    const __m512 sup = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(head + 32 * which)));
+    return _mm512_mul_ps(sup, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
+  } else if constexpr (std::is_same_v<Scale, float>) {
     return _mm512_loadu_ps(p);
   } else {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -144,7 +185,7 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int32_t* xq = P.xq + m0 * row_pairs;
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = strip + g * kBlockBytes<Scale>;
+    const uint8_t *block = group_block<Scale>(strip, g), *head = group_head<Scale>(strip, g);
     __m512i dot[R];
     for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
@@ -155,8 +196,7 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
           dot[r] = dot_pairs(dot[r], w, _mm512_set1_epi32(xq[r * row_pairs + g * kPairs + 4 * j + p]));
       }
     }
-    const __m512 d = load_scales<Scale>(block + kNibbleBytes);
-    const __m512 mn = load_scales<Scale>(block + kNibbleBytes + kStrip * sizeof(Scale));
+    const __m512 d = load_scales<Scale>(head, block, 0), mn = load_scales<Scale>(head, block, 1);
     for (int r = 0; r < R; ++r) {
       const int64_t i = (m0 + r) * groups + g;
       const __m512 t = _mm512_fmadd_ps(mn, _mm512_set1_ps(P.xsum[i]), _mm512_mul_ps(d, _mm512_cvtepi32_ps(dot[r])));
@@ -170,11 +210,16 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   }
 }
 #elif defined(INFER_INT4_AVX2)
-// a block's 16 scales (or minimums) at p: channels 0-7, 8-15
+// the 16 d (which 0) or m (which 1) of the group whose block and head are given: channels 0-7, 8-15
 template <typename Scale>
-inline void load_scales(const uint8_t* p, __m256* half) {
+inline void load_scales(const uint8_t* head, const uint8_t* block, int which, __m256* half) {
+  const uint8_t* p = block + kNibbleBytes + which * Blocks<Scale>::kScaleBytes;
   for (int h = 0; h < 2; ++h) {
-    if constexpr (std::is_same_v<Scale, float>) {
+    if constexpr (std::is_same_v<Scale, Super>) {
+      const __m256 sup = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(head + 32 * which + 16 * h)));
+      const __m128i sub = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * h));
+      half[h] = _mm256_mul_ps(sup, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sub)));
+    } else if constexpr (std::is_same_v<Scale, float>) {
       half[h] = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * h);
     } else {
       half[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
@@ -191,7 +236,7 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const int32_t* xq = P.xq + m0 * row_pairs;
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = strip + g * kBlockBytes<Scale>;
+    const uint8_t *block = group_block<Scale>(strip, g), *head = group_head<Scale>(strip, g);
     __m256i dot[R][2];
     for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
@@ -207,8 +252,8 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
       }
     }
     __m256 d[2], mn[2];
-    load_scales<Scale>(block + kNibbleBytes, d);
-    load_scales<Scale>(block + kNibbleBytes + kStrip * sizeof(Scale), mn);
+    load_scales<Scale>(head, block, 0, d);
+    load_scales<Scale>(head, block, 1, mn);
     for (int r = 0; r < R; ++r) {
       const int64_t i = (m0 + r) * groups + g;
       const __m256 xs = _mm256_set1_ps(P.xs[i]), xsum = _mm256_set1_ps(P.xsum[i]);
@@ -231,7 +276,7 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   const int64_t groups = P.K / kGroup, row_pairs = P.K / 2;
   float acc[R][kStrip] = {};
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = strip + g * kBlockBytes<Scale>;
+    const uint8_t *block = group_block<Scale>(strip, g), *head = group_head<Scale>(strip, g);
     int32_t dot[R][kStrip] = {};
     for (int j = 0; j < 4; ++j)
       for (int p = 0; p < 4; ++p)
@@ -245,8 +290,7 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
           }
         }
     for (int64_t c = 0; c < kStrip; ++c) {
-      const float d = scale_at<Scale>(block + kNibbleBytes, c);
-      const float mn = scale_at<Scale>(block + kNibbleBytes + kStrip * sizeof(Scale), c);
+      const float d = scale_at<Scale>(head, block, 0, c), mn = scale_at<Scale>(head, block, 1, c);
       for (int r = 0; r < R; ++r) {
         const int64_t i = (m0 + r) * groups + g;
         const float t = std::fma(mn, P.xsum[i], d * static_cast<float>(dot[r][c]));
@@ -278,7 +322,8 @@ void strip_rows(const Problem& P, const uint8_t* strip, int64_t n0) {
 
 template <typename Scale>
 void run(const Problem& P) {
-  const int64_t num_strips = (P.N + kStrip - 1) / kStrip, strip_bytes = (P.K / kGroup) * kBlockBytes<Scale>;
+  const int64_t num_strips = (P.N + kStrip - 1) / kStrip;
+  const int64_t strip_bytes = (P.K / (kGroup * Blocks<Scale>::kGroups)) * kSuperBytes<Scale>;
   at::parallel_for(0, num_strips, 1, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) strip_rows<Scale>(P, P.packed + s * strip_bytes, s * kStrip);
   });
@@ -286,14 +331,17 @@ void run(const Problem& P) {
 
 }  // namespace
 
-// x: [M, K_in] fp32 or bf16; packed: [N_pad / 16, K / 32, 320 | 384] uint8 -> [M, N], x's dtype
+// x: [M, K_in] fp32 or bf16; packed: [N_pad / 16, K / 32, 320 | 384] or [N_pad / 16, K / 256, 2368] uint8
+// -> [M, N], x's dtype
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                        int64_t out_features) {
   TORCH_CHECK(x.dim() == 2, "int4_linear: x must be [M, K]");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
-                  (packed.size(2) == kBlockBytes<c10::Half> || packed.size(2) == kBlockBytes<float>),
-              "int4_linear: packed must be [N/16, K/32, 320 or 384] uint8");
-  const int64_t K = packed.size(1) * kGroup, k_in = x.size(1);
+                  (packed.size(2) == kSuperBytes<c10::Half> || packed.size(2) == kSuperBytes<float> ||
+                   packed.size(2) == kSuperBytes<Super>),
+              "int4_linear: packed must be [N/16, K/32, 320 or 384] or [N/16, K/256, 2368] uint8");
+  const bool super = packed.size(2) == kSuperBytes<Super>;
+  const int64_t K = packed.size(1) * kGroup * (super ? Blocks<Super>::kGroups : 1), k_in = x.size(1);
   TORCH_CHECK(k_in <= K && K - k_in < kGroup, "int4_linear: x has ", k_in, " features, weight ", K);
   TORCH_CHECK(out_features > 0 && out_features <= packed.size(0) * kStrip && out_features > (packed.size(0) - 1) * kStrip,
               "int4_linear: out_features does not fit the packed strips");
@@ -322,7 +370,8 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
     else quantize(0, M);
     const Problem P{M, out_features, K, packed.const_data_ptr<uint8_t>(), xq_data, xs_data, xsum_data,
                     bias.has_value() ? bias_f.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>()};
-    if (packed.size(2) == kBlockBytes<float>) run<float>(P);
+    if (super) run<Super>(P);
+    else if (packed.size(2) == kSuperBytes<float>) run<float>(P);
     else run<c10::Half>(P);
   }
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());

@@ -3,7 +3,10 @@
 // The weight comes packed by kernels/int8g.py: one byte stream per strip of 16 output channels, a block per
 // group of G (16 or 32) input features: the codes as [G / 2][16][2] int8 (32 bytes hold k = 2j and 2j + 1 of
 // the 16 channels), then d (16 `Scale`: fp16 or fp32), then m (16 more) unless the format is symmetric
-// (Q8_0, Q5_0, Q6_K: w = d * q). G, the scale type and the minimum are template parameters (`Layout`).
+// (Q8_0, Q5_0, Q6_K: w = d * q). Or two-level, as K-quants ship them (scale type int8): a block per super-block
+// of 256 inputs, its 16 d_super (then 16 m_super) fp16, then per group its codes as above, 16 d_sub (then 16
+// m_sub) int8; a group's d = d_super * d_sub and m = m_super * m_sub, exact fp32 products decoded per group in
+// registers. G, the scale type and the minimum are template parameters (`Layout`).
 //
 // Inputs are quantized per row and group of G to int16: s = max|x| / 32767, xq = round(x / s) (half to even),
 // the operations of kernels/packed.py's `quantize_activations`. A group's contribution to channel c:
@@ -43,17 +46,22 @@ constexpr int64_t kPairBytes = 2 * kStrip;  // 32: k 2j and 2j + 1 of the 16 cha
 constexpr float kInt16Max = 32767.f;
 constexpr int64_t kQuantizeGrain = 8;    // rows per task when quantizing in parallel
 
+// Scale: c10::Half or float per group, or int8_t (two-level: int8 per group times fp16 per super-block)
 template <int G, typename Scale, bool kMin>
 struct Layout {
+  static constexpr bool kSuper = std::is_same_v<Scale, int8_t>;
   static constexpr int kPairs = G / 2;                                          // int16 input pairs per group
   static constexpr int64_t kCodeBytes = kStrip * G;
-  static constexpr int64_t kScaleBytes = kStrip * static_cast<int64_t>(sizeof(Scale));
-  static constexpr int64_t kBlockBytes = kCodeBytes + kScaleBytes * (kMin ? 2 : 1);
+  static constexpr int64_t kScaleBytes = kStrip * static_cast<int64_t>(sizeof(Scale));  // a group's 16 d (or m)
+  static constexpr int64_t kBlockBytes = kCodeBytes + kScaleBytes * (kMin ? 2 : 1);     // a group's
+  static constexpr int64_t kGroups = kSuper ? 256 / G : 1;                      // groups a super-block
+  static constexpr int64_t kHeadBytes = kSuper ? kStrip * 2 * (kMin ? 2 : 1) : 0;  // fp16 d_super (, m_super)
+  static constexpr int64_t kSuperBytes = kHeadBytes + kGroups * kBlockBytes;   // the packed tensor's last dim
 };
 
 struct Problem {
   int64_t M, N, K;          // K padded to a multiple of G
-  const uint8_t* packed;    // [N_pad / 16][K / G][block]
+  const uint8_t* packed;    // [N_pad / 16][K / G][block] or [N_pad / 16][K / 256][super-block]
   const int32_t* xq;        // [M][K / 2]: int16 pairs (k = 2j low, 2j + 1 high)
   const float* xs;          // [M][K / G]: s
   const float* xsum;        // [M][K / G]: sum of the group's xq (an integer)
@@ -111,6 +119,8 @@ template <typename Scale>
 inline Floats load_scales(const uint8_t* p) {
   if constexpr (std::is_same_v<Scale, float>) {
     return {_mm512_loadu_ps(p)};
+  } else if constexpr (std::is_same_v<Scale, int8_t>) {
+    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
   } else {
     return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
   }
@@ -154,6 +164,9 @@ template <typename Scale>
 inline Floats load_scales(const uint8_t* p) {
   if constexpr (std::is_same_v<Scale, float>) {
     return {_mm256_loadu_ps(reinterpret_cast<const float*>(p)), _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8)};
+  } else if constexpr (std::is_same_v<Scale, int8_t>) {
+    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))))};
   } else {
     return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
@@ -211,6 +224,14 @@ inline Floats load_scales(const uint8_t* p) {
 }
 #endif
 
+// the 16 d (which 0) or m (which 1) of the group whose block and super-block head are given
+template <typename L, typename Scale>
+inline Floats group_scales(const uint8_t* head, const uint8_t* block, int which) {
+  const Floats stored = load_scales<Scale>(block + L::kCodeBytes + which * L::kScaleBytes);
+  if constexpr (L::kSuper) return fmul(load_scales<c10::Half>(head + which * kStrip * 2), stored);
+  else return stored;
+}
+
 // y[m, n0 : n0 + width] = acc (+ bias), for the channels that exist
 inline void store_row(const Problem& P, int64_t m, int64_t n0, Floats acc) {
   alignas(64) float out[kStrip];
@@ -229,7 +250,8 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   for (int r = 0; r < R; ++r) acc[r] = fzero();
   const int32_t* xq = P.xq + m0 * row_pairs;
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = strip + g * L::kBlockBytes;
+    const uint8_t* head = strip + (g / L::kGroups) * L::kSuperBytes;
+    const uint8_t* block = head + L::kHeadBytes + (g % L::kGroups) * L::kBlockBytes;
     const int32_t* xg = xq + g * L::kPairs;
     Ints dot[C][R];
     for (int c = 0; c < C; ++c)
@@ -240,13 +262,13 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
         for (int r = 0; r < R; ++r) dot[c][r] = dot_pairs(dot[c][r], w, xg[r * row_pairs + j + c]);
       }
     }
-    const Floats d = load_scales<Scale>(block + L::kCodeBytes);
+    const Floats d = group_scales<L, Scale>(head, block, 0);
     for (int r = 0; r < R; ++r) {
       Ints total = dot[0][r];
       for (int c = 1; c < C; ++c) total = iadd(total, dot[c][r]);
       const int64_t i = (m0 + r) * groups + g;
       Floats t = fmul(d, to_floats(total));
-      if constexpr (kMin) t = fmadd(load_scales<Scale>(block + L::kCodeBytes + L::kScaleBytes), fset1(P.xsum[i]), t);
+      if constexpr (kMin) t = fmadd(group_scales<L, Scale>(head, block, 1), fset1(P.xsum[i]), t);
       acc[r] = fmadd(fset1(P.xs[i]), t, acc[r]);
     }
   }
@@ -274,7 +296,7 @@ void strip_rows(const Problem& P, const uint8_t* strip, int64_t n0) {
 template <int G, typename Scale, bool kMin>
 void run(const Problem& P) {
   using L = Layout<G, Scale, kMin>;
-  const int64_t num_strips = (P.N + kStrip - 1) / kStrip, strip_bytes = (P.K / G) * L::kBlockBytes;
+  const int64_t num_strips = (P.N + kStrip - 1) / kStrip, strip_bytes = (P.K / (G * L::kGroups)) * L::kSuperBytes;
   at::parallel_for(0, num_strips, 1, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) strip_rows<L, Scale, kMin>(P, P.packed + s * strip_bytes, s * kStrip);
   });
@@ -289,23 +311,28 @@ void run_scale(const Problem& P, bool has_min) {
 template <int G>
 void run_group(const Problem& P, int64_t scale_bytes, bool has_min) {
   if (scale_bytes == 4) run_scale<G, float>(P, has_min);
+  else if (scale_bytes == 1) run_scale<G, int8_t>(P, has_min);
   else run_scale<G, c10::Half>(P, has_min);
 }
 
 }  // namespace
 
-// x: [M, K_in] fp32 or bf16; packed: [N_pad / 16, K / G, block] uint8; group G: 16 or 32; scale_bytes: 2 (fp16)
-// or 4 (fp32); has_min: a minimum per group after the scales -> [M, N], x's dtype
+// x: [M, K_in] fp32 or bf16; packed: [N_pad / 16, K / G, block] or [N_pad / 16, K / 256, super-block] uint8;
+// group G: 16 or 32; scale_bytes: 2 (fp16), 4 (fp32) or 1 (two-level: int8 d_sub, fp16 d_super); has_min: a
+// minimum per group after the scales -> [M, N], x's dtype
 at::Tensor int8g_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                         int64_t out_features, int64_t group, int64_t scale_bytes, bool has_min) {
   TORCH_CHECK(x.dim() == 2, "int8g_linear: x must be [M, K]");
   TORCH_CHECK(group == 16 || group == 32, "int8g_linear: group must be 16 or 32, not ", group);
-  TORCH_CHECK(scale_bytes == 2 || scale_bytes == 4, "int8g_linear: scale_bytes must be 2 or 4, not ", scale_bytes);
-  const int64_t block_bytes = kStrip * group + kStrip * scale_bytes * (has_min ? 2 : 1);
+  TORCH_CHECK(scale_bytes == 1 || scale_bytes == 2 || scale_bytes == 4,
+              "int8g_linear: scale_bytes must be 1, 2 or 4, not ", scale_bytes);
+  const int64_t groups_a_block = scale_bytes == 1 ? 256 / group : 1, scales = has_min ? 2 : 1;
+  const int64_t head_bytes = scale_bytes == 1 ? kStrip * 2 * scales : 0;
+  const int64_t block_bytes = head_bytes + groups_a_block * (kStrip * group + kStrip * scale_bytes * scales);
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
-                  packed.size(2) == block_bytes, "int8g_linear: packed must be [N/16, K/", group, ", ", block_bytes,
-              "] uint8");
-  const int64_t K = packed.size(1) * group, k_in = x.size(1);
+                  packed.size(2) == block_bytes, "int8g_linear: packed must be [N/16, K/", group * groups_a_block,
+              ", ", block_bytes, "] uint8");
+  const int64_t K = packed.size(1) * group * groups_a_block, k_in = x.size(1);
   TORCH_CHECK(k_in <= K && K - k_in < group, "int8g_linear: x has ", k_in, " features, weight ", K);
   TORCH_CHECK(out_features > 0 && out_features <= packed.size(0) * kStrip && out_features > (packed.size(0) - 1) * kStrip,
               "int8g_linear: out_features does not fit the packed strips");

@@ -16,11 +16,13 @@ at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight, const c10
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                        const c10::optional<at::Tensor>& bias, int64_t out_features);
 
-// int4_linear.cpp: x [M, K] . dequantize(packed)^T + bias, packed by kernels/int4.py (fp16 or fp32 scales)
+// int4_linear.cpp: x [M, K] . dequantize(packed)^T + bias, packed by kernels/int4.py (fp16, fp32 or two-level
+// scales)
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                        int64_t out_features);
 
-// int8g_linear.cpp: x [M, K] . dequantize(packed)^T + bias, packed by kernels/int8g.py (groups of 16 or 32)
+// int8g_linear.cpp: x [M, K] . dequantize(packed)^T + bias, packed by kernels/int8g.py (groups of 16 or 32;
+// scale_bytes 2: fp16, 4: fp32, 1: two-level)
 at::Tensor int8g_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                         int64_t out_features, int64_t group, int64_t scale_bytes, bool has_min);
 

@@ -17,12 +17,13 @@ from tests.helpers.compiled import require_compiled_kernels
 from tests.helpers.paged_batches import metadata, random_tables
 
 ROW_COUNTS = (1, 7, 9, 33)
-# a weight format: (dtype of x and the float weight, quantization or None); int4 joins as one more entry
+# a weight format: (dtype of x and the float weight, quantization or None); a new format is one more entry
 FORMATS = {
     "fp32": (torch.float32, None),
     "bf16": (torch.bfloat16, None),
     "int8": (torch.float32, "int8"),
     "int4": (torch.float32, "int4"),
+    "int8g": (torch.float32, "int8g"),
 }
 LINEAR_SHAPES = [(960, 576), (576, 1536), (101, 37), (49, 70)]  # (N, K): the default model's, odd tails
 

@@ -13,7 +13,7 @@ from infer.engine.config import EngineConfig
 from infer.engine.loader import load_model
 from infer.engine.models import CausalLM
 from infer.engine.runner import ModelRunner, SeqWork
-from infer.kernels import PackedWeight, pack_int4, pack_int8g
+from infer.kernels import PackedWeight, SuperScales, pack_int4, pack_int4_super, pack_int8g, pack_int8g_super
 from infer.kernels.int4 import quantize_int4
 from infer.kernels.int8g import quantize_int8g
 from tests.helpers.compiled import require_compiled_kernels
@@ -67,6 +67,71 @@ MIXED = (
     lambda w: _int8g_with_min(w, 16),  # groups of 16 (Q2_K)
     lambda w: quantize_int8g(w, 16),
 )
+
+
+def _two_level(w: torch.Tensor, group: int, has_min: bool, codes: tuple[int, int]) -> PackedWeight:
+    """w rounded as a K-quant is (codes in lo..hi, a 6-bit scale and minimum per group against fp16 ones per 256
+    inputs) and packed with those scales; a weight whose in_features are no multiple of 256 gets the same
+    products in fp32, as the GGUF loader falls back."""
+    n, k = w.shape
+    lo, hi = codes
+    wg = w.float().view(n, k // group, group)
+    d = (wg.amax(dim=2) - wg.amin(dim=2)) / (hi - lo) if has_min else wg.abs().amax(dim=2) / hi
+    per = 256 // group
+    if k % 256 != 0:  # the fallback: fp32 scales, no two levels
+        m = wg.amin(dim=2) - lo * d if has_min else None
+        q = torch.round((wg - (0 if m is None else m[..., None])) / d[..., None]).clamp(lo, hi)
+        return _pack(q.view(n, k), d, m, group)
+    d_super = (d.view(n, -1, per).amax(dim=2) / 63).clamp(min=2**-14).half().float()
+    d_sub = torch.round(d / d_super.repeat_interleave(per, dim=1)).clamp(1, 63).to(torch.int8)
+    m_sub = m_super = None
+    d_q = d_super.repeat_interleave(per, dim=1) * d_sub.float()
+    m_q = torch.zeros_like(d_q)
+    if has_min:
+        m = wg.amin(dim=2) - lo * d_q
+        m_super = (m.abs().view(n, -1, per).amax(dim=2) / 63).clamp(min=2**-14).half().float()
+        m_sub = torch.round(m / m_super.repeat_interleave(per, dim=1)).clamp(-63, 63).to(torch.int8)
+        m_q = m_super.repeat_interleave(per, dim=1) * m_sub.float()
+    q = torch.round((wg - m_q[..., None]) / d_q[..., None]).clamp(lo, hi).view(n, k)
+    scales = SuperScales(d_sub, d_super, m_sub, m_super)
+    return pack_int4_super(q.to(torch.uint8), scales) if hi == 15 else pack_int8g_super(q.to(torch.int8), scales, group)
+
+
+def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, group: int) -> PackedWeight:
+    if m is not None and group == 32 and int(q.min()) >= 0 and int(q.max()) <= 15:
+        return pack_int4(q.to(torch.uint8), d, m, torch.float32)
+    return pack_int8g(q.to(torch.int8), d, m, group, torch.float32)
+
+
+# K-quants' two-level forms, rotated as MIXED: Q4_K (int4), Q6_K, Q5_K, Q2_K, Q3_K (8-bit groups)
+TWO_LEVEL = (
+    lambda w: _two_level(w, 32, True, (0, 15)),
+    lambda w: _two_level(w, 16, False, (-32, 31)),
+    lambda w: _two_level(w, 32, True, (0, 31)),
+    lambda w: _two_level(w, 16, True, (0, 3)),
+    lambda w: _two_level(w, 16, False, (-4, 3)),
+)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_logits_equal_the_per_op_path_with_two_level_scales(arch: str, tmp_path: Path) -> None:
+    require_compiled_kernels()
+    model_dir = make_tiny_model(arch, tmp_path / arch, hidden_size=256, intermediate_size=512)
+    model = load_model(model_dir, EngineConfig(quantization="none"), "cpu")
+    num_two_level = 0
+    for i, layer in enumerate(model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        for j, linear in enumerate((attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)):
+            assert isinstance(linear.weight, torch.Tensor)
+            packed = TWO_LEVEL[(i + j) % len(TWO_LEVEL)](linear.weight.detach())
+            num_two_level += getattr(packed, "scale_dtype", None) == torch.int8
+            linear.use_packed(packed)
+    assert num_two_level >= 3 * len(model.layers)  # all but o_proj where heads * head_dim is not 256
+    assert model.fuse().fused is not None
+    tokens, logits = greedy_mixed_steps(model)
+    expected_tokens, expected_logits = greedy_mixed_steps(per_op(model))
+    assert tokens == expected_tokens
+    assert torch.equal(logits, expected_logits)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

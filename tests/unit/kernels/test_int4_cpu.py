@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infer.kernels import Int4Weight, Kernels, pack_int4
+from infer.kernels import Int4Weight, Kernels, SuperScales, pack_int4, pack_int4_super
 from infer.kernels.int4 import GROUP, INT16_MAX, int4_linear_ref, quantize_activations, quantize_int4
 from tests.helpers.compiled import require_compiled_kernels
 
@@ -233,3 +233,109 @@ def test_fp32_scales_a_row_alone_equals_the_same_row_in_a_batch_bit_for_bit() ->
         assert torch.equal(_kernel(x[i : i + 1], q), batched[i : i + 1])
     for lo, hi in ((8, 16), (20, 22), (30, 33)):
         assert torch.equal(_kernel(x[lo:hi], q), batched[lo:hi])
+
+
+def _q4_k_parts(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, SuperScales]:
+    """Q4_K as the file has it: codes 0..15; per super-block of 256 an fp16 d and dmin; per group of 32 6-bit sc
+    and m; the group's scale d * sc, its minimum -(dmin * m) (`m_super = -dmin`)."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    d, dmin = ((torch.rand(n, k // 256, generator=gen) * 0.01).half().float() for _ in range(2))
+    sc, mn = (torch.randint(0, 64, (n, k // GROUP), generator=gen, dtype=torch.int8) for _ in range(2))
+    return codes, SuperScales(d_sub=sc, d_super=d, m_sub=mn, m_super=-dmin)
+
+
+def _two_level_values(codes: torch.Tensor, s: SuperScales) -> torch.Tensor:
+    """`(d_super * d_sub) * codes + (m_super * m_sub)` in fp32, one op at a time (gguf.quants' order for Q4_K)."""
+    assert s.m_sub is not None and s.m_super is not None
+    n, k = codes.shape
+    d = s.d_super.repeat_interleave(8, dim=1) * s.d_sub.float()  # [N, G]: exact products
+    m = s.m_super.repeat_interleave(8, dim=1) * s.m_sub.float()
+    return (codes.float().view(n, -1, GROUP) * d[..., None] + m[..., None]).view(n, k)
+
+
+def test_pack_int4_super_dequantizes_to_the_k_quant_formula_bit_for_bit() -> None:
+    codes, scales = _q4_k_parts(37, 768)
+    q = pack_int4_super(codes, scales)
+    assert q.shape == (37, 768) and q.scale_dtype == torch.int8 and q.padded_in_features == 768
+    assert torch.equal(q.dequantize(), _two_level_values(codes, scales))
+    assert torch.equal(q.codes()[:37], codes)
+    d, _ = q.scales()  # the groups' exact products
+    assert torch.equal(d[:37], scales.d_super.repeat_interleave(8, dim=1) * scales.d_sub.float())
+    assert not torch.equal(d[:37], d[:37].half().float())  # fp16 could not hold them
+    ids = torch.tensor([36, 0, 5, 5, 16, 33])
+    assert torch.equal(q.rows(ids), q.dequantize()[ids])
+
+
+def test_two_level_scales_cost_the_files_bytes_per_weight() -> None:
+    codes, scales = _q4_k_parts(64, 512)
+    assert pack_int4_super(codes, scales).packed.numel() / (64 * 512) == 0.5 + 2 / 32 + 4 / 256  # 0.578
+    d, m = pack_int4_super(codes, scales).scales()
+    assert pack_int4(codes, d, m, torch.float32).packed.numel() / (64 * 512) == 0.75
+
+
+def test_two_level_blocks_hold_the_heads_then_each_groups_nibbles_and_int8_scales() -> None:
+    codes, scales = _q4_k_parts(16, 512)
+    assert scales.m_sub is not None and scales.m_super is not None
+    block = pack_int4_super(codes, scales).packed[0, 1]  # strip 0, super-block 1 (k 256..511)
+    assert block.numel() == 64 + 8 * 288
+    assert torch.equal(block[:32].view(torch.float16).float(), scales.d_super[:, 1])
+    assert torch.equal(block[32:64].view(torch.float16).float(), scales.m_super[:, 1])
+    group = block[64 + 3 * 288 : 64 + 4 * 288]  # group 3 of the super-block: group 11 of the row
+    assert int(group[64 * 2 + 4 * 5 + 3]) == int(codes[5, 352 + 16 + 3]) | int(codes[5, 352 + 16 + 7]) << 4
+    assert torch.equal(group[256:272].view(torch.int8), scales.d_sub[:, 11])
+    assert torch.equal(group[272:288].view(torch.int8), scales.m_sub[:, 11])
+
+
+def test_pack_int4_super_refuses_what_two_level_scales_cannot_hold() -> None:
+    codes, s = _q4_k_parts(20, 512)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        pack_int4_super(codes[:, :480], SuperScales(s.d_sub[:, :15], s.d_super, s.m_sub, s.m_super))
+    with pytest.raises(ValueError, match="minimums"):
+        pack_int4_super(codes, SuperScales(s.d_sub, s.d_super))
+    with pytest.raises(ValueError, match="come together"):
+        pack_int4_super(codes, SuperScales(s.d_sub, s.d_super, s.m_sub, None))
+    with pytest.raises(ValueError, match="exact in fp16"):
+        pack_int4_super(codes, SuperScales(s.d_sub, s.d_super * (1 + 2**-20), s.m_sub, s.m_super))
+    with pytest.raises(ValueError, match="exact in fp16"):
+        pack_int4_super(codes, SuperScales(s.d_sub, s.d_super * 1e6, s.m_sub, s.m_super))  # beyond fp16
+    with pytest.raises(ValueError, match="int8"):
+        pack_int4_super(codes, SuperScales(s.d_sub.to(torch.uint8), s.d_super, s.m_sub, s.m_super))
+    with pytest.raises(ValueError, match=r"\[20, 2\]"):
+        pack_int4_super(codes, SuperScales(s.d_sub, s.d_super[:, :1], s.m_sub, s.m_super))
+    with pytest.raises(ValueError, match=r"0\.\.15"):
+        pack_int4_super(codes * 2, s)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 16, 37, 64])
+def test_compiled_kernel_with_two_level_scales_matches_the_reference(rows: int) -> None:
+    require_compiled_kernels()
+    gen = torch.Generator().manual_seed(rows)
+    for n, k in [(37, 512), (100, 256)]:
+        codes, scales = _q4_k_parts(n, k, seed=rows)
+        q = pack_int4_super(codes, scales)
+        x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
+        got = _kernel(x, q, bias)
+        torch.testing.assert_close(got, int4_linear_ref(x, q, bias), atol=1e-5, rtol=1e-5)
+        d, m = q.scales()  # NOTE: the same products per group, so the fp32 blocks' kernel gives the same bits
+        assert torch.equal(got, _kernel(x, pack_int4(codes, d[:n], m[:n], torch.float32), bias))
+
+
+def test_two_level_scales_a_row_alone_equals_the_same_row_in_a_batch_bit_for_bit() -> None:
+    require_compiled_kernels()
+    q = pack_int4_super(*_q4_k_parts(200, 512))
+    x = torch.randn(37, 512, generator=torch.Generator().manual_seed(5))
+    batched = _kernel(x, q)
+    for i in (0, 5, 17, 36):
+        assert torch.equal(_kernel(x[i : i + 1], q), batched[i : i + 1])
+    for lo, hi in ((8, 16), (20, 22), (30, 33), (1, 5)):
+        assert torch.equal(_kernel(x[lo:hi], q), batched[lo:hi])
+
+
+def test_the_kernel_refuses_two_level_blocks_of_the_wrong_size_or_inputs() -> None:
+    require_compiled_kernels()
+    q = pack_int4_super(*_q4_k_parts(20, 512))
+    with pytest.raises(RuntimeError, match="features"):
+        _kernel(torch.randn(2, 256), q)
+    with pytest.raises(RuntimeError, match="2368"):
+        torch.ops.infer_cpu.int4_linear(torch.randn(2, 512), q.packed[..., :-1].contiguous(), None, 20)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infer.kernels import Int8GroupWeight, Kernels, pack_int8g, select_kernels
+from infer.kernels import Int8GroupWeight, Kernels, SuperScales, pack_int8g, pack_int8g_super, select_kernels
 from infer.kernels.int8g import int8g_linear_ref, quantize_int8g
 from tests.helpers.compiled import require_compiled_kernels
 from tests.helpers.device import TEST_DEVICE
@@ -198,3 +198,128 @@ def test_the_kernel_refuses_mismatched_shapes_and_layouts() -> None:
         torch.ops.infer_cpu.int8g_linear(x, q.packed, None, 20, 32, 2, True)  # a layout with minimums
     with pytest.raises(RuntimeError, match="group"):
         torch.ops.infer_cpu.int8g_linear(x, q.packed, None, 20, 8, 2, False)
+
+
+# two-level scales: (group, has_min) as K-quants use them (Q6_K, Q3_K; Q5_K; Q2_K) and the fourth
+SUPER_LAYOUTS = [(16, False), (32, True), (16, True), (32, False)]
+
+
+def _super_ids(layout: tuple[int, bool]) -> str:
+    return f"g{layout[0]}-{'min' if layout[1] else 'sym'}"
+
+
+def _super_parts(n: int, k: int, group: int, has_min: bool, seed: int = 0) -> tuple[torch.Tensor, SuperScales]:
+    """K-quant-like: codes over the int8 range, fp16 super-scales (minimums of either sign), int8 sub-scales over
+    their whole range (Q6_K's sc is int8)."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
+    d_super = (torch.rand(n, k // 256, generator=gen) * 1e-4).half().float()  # weights up to ~1.6
+    m_super = (torch.randn(n, k // 256, generator=gen) * 1e-3).half().float() if has_min else None
+    d_sub, m_sub = (torch.randint(-128, 128, (n, k // group), generator=gen, dtype=torch.int8) for _ in range(2))
+    return codes, SuperScales(d_sub, d_super, m_sub if has_min else None, m_super)
+
+
+def _group_products(s: SuperScales, group: int) -> tuple[torch.Tensor, torch.Tensor | None]:  # d, m [N, G] fp32
+    d = s.d_super.repeat_interleave(256 // group, dim=1) * s.d_sub.float()
+    if s.m_sub is None or s.m_super is None:
+        return d, None
+    return d, s.m_super.repeat_interleave(256 // group, dim=1) * s.m_sub.float()
+
+
+@pytest.mark.parametrize("layout", SUPER_LAYOUTS, ids=_super_ids)
+def test_two_level_scales_dequantize_to_the_k_quant_formula_bit_for_bit(layout: tuple[int, bool]) -> None:
+    group, has_min = layout
+    n, k = 37, 768
+    codes, scales = _super_parts(n, k, group, has_min)
+    q = pack_int8g_super(codes, scales, group)
+    assert q.shape == (n, k) and q.scale_dtype == torch.int8 and q.has_min == has_min and q.padded_in_features == k
+    d, m = _group_products(scales, group)
+    expected = codes.float().view(n, -1, group) * d[..., None]  # (d_super * d_sub) * q ...
+    if m is not None:
+        expected = expected + m[..., None]  # ... + (m_super * m_sub): gguf.quants' order for K-quants
+    assert torch.equal(q.dequantize(), expected.view(n, k))
+    assert torch.equal(q.codes()[:n], codes)
+    ids = torch.tensor([36, 0, 5, 5, 16, 33])
+    assert torch.equal(q.rows(ids), q.dequantize()[ids])
+
+
+@pytest.mark.parametrize(
+    ("layout", "per_weight"),
+    [((16, False), 1 + 1 / 16 + 2 / 256), ((32, True), 1 + 2 / 32 + 4 / 256), ((16, True), 1 + 2 / 16 + 4 / 256)],
+)
+def test_two_level_scales_cost_the_files_bytes_per_weight(layout: tuple[int, bool], per_weight: float) -> None:
+    codes, scales = _super_parts(64, 512, *layout)
+    assert pack_int8g_super(codes, scales, layout[0]).packed.numel() / (64 * 512) == per_weight  # Q6_K 1.07, Q5_K 1.08
+
+
+def test_two_level_blocks_hold_the_head_then_each_groups_codes_and_int8_scales() -> None:
+    codes, s = _super_parts(16, 512, 32, has_min=True)
+    assert s.m_sub is not None and s.m_super is not None
+    block = pack_int8g_super(codes, s, 32).packed[0, 1]  # strip 0, super-block 1 (k 256..511)
+    assert block.numel() == 64 + 8 * (512 + 32)
+    assert torch.equal(block[:32].view(torch.float16).float(), s.d_super[:, 1])
+    assert torch.equal(block[32:64].view(torch.float16).float(), s.m_super[:, 1])
+    group = block[64 + 2 * 544 : 64 + 3 * 544]  # group 2 of the super-block: group 10 of the row (k 320..351)
+    j, c = 5, 9
+    assert int(group[32 * j + 2 * c].view(torch.int8)) == int(codes[c, 320 + 2 * j])
+    assert torch.equal(group[512:528].view(torch.int8), s.d_sub[:, 10])
+    assert torch.equal(group[528:544].view(torch.int8), s.m_sub[:, 10])
+
+
+def test_pack_int8g_super_refuses_what_two_level_scales_cannot_hold() -> None:
+    codes, s = _super_parts(20, 512, 16, has_min=False)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        pack_int8g_super(codes[:, :496], SuperScales(s.d_sub[:, :31], s.d_super), 16)
+    with pytest.raises(ValueError, match="groups of 16 or 32"):
+        pack_int8g_super(codes, s, 64)
+    with pytest.raises(ValueError, match=r"\[20, 16\] int8"):
+        pack_int8g_super(codes, s, 32)  # sub-scales of groups of 16 given for groups of 32
+    with pytest.raises(ValueError, match="exact in fp16"):
+        pack_int8g_super(codes, SuperScales(s.d_sub, s.d_super + 1e-7), 16)
+    with pytest.raises(ValueError, match="exact in fp16"):
+        pack_int8g_super(codes, SuperScales(s.d_sub, s.d_super.clone().fill_(float("nan"))), 16)
+    with pytest.raises(ValueError, match="come together"):
+        pack_int8g_super(codes, SuperScales(s.d_sub, s.d_super, None, s.d_super), 16)
+    with pytest.raises(ValueError, match="int8"):
+        pack_int8g_super(codes.to(torch.int16), s, 16)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 16, 37, 64])
+@pytest.mark.parametrize("layout", SUPER_LAYOUTS, ids=_super_ids)
+def test_compiled_kernel_with_two_level_scales_matches_the_reference(layout: tuple[int, bool], rows: int) -> None:
+    require_compiled_kernels()
+    group, has_min = layout
+    gen = torch.Generator().manual_seed(rows)
+    for n, k in [(37, 512), (100, 256)]:
+        codes, scales = _super_parts(n, k, group, has_min, seed=rows)
+        q = pack_int8g_super(codes, scales, group)
+        x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
+        got = _kernel(x, q, bias)
+        torch.testing.assert_close(got, int8g_linear_ref(x, q, bias), atol=1e-5, rtol=1e-5)
+        d, m = _group_products(scales, group)  # NOTE: the same products per group: the fp32 kernel's bits
+        assert torch.equal(got, _kernel(x, pack_int8g(codes, d, m, group, torch.float32), bias))
+
+
+@pytest.mark.parametrize("layout", SUPER_LAYOUTS, ids=_super_ids)
+def test_two_level_scales_a_row_alone_equals_the_same_row_in_a_batch_bit_for_bit(layout: tuple[int, bool]) -> None:
+    require_compiled_kernels()
+    q = pack_int8g_super(*_super_parts(200, 512, *layout), layout[0])
+    x = torch.randn(37, 512, generator=torch.Generator().manual_seed(6))
+    batched = _kernel(x, q)
+    for i in (0, 5, 17, 36):
+        assert torch.equal(_kernel(x[i : i + 1], q), batched[i : i + 1])
+    for lo, hi in ((8, 16), (20, 22), (30, 33), (1, 5)):
+        assert torch.equal(_kernel(x[lo:hi], q), batched[lo:hi])
+
+
+def test_the_kernel_refuses_a_two_level_layout_that_does_not_match() -> None:
+    require_compiled_kernels()
+    q = pack_int8g_super(*_super_parts(20, 512, 16, has_min=False), 16)
+    x = torch.randn(2, 512)
+    assert torch.equal(_kernel(x, q), torch.ops.infer_cpu.int8g_linear(x, q.packed, None, 20, 16, 1, False))
+    with pytest.raises(RuntimeError, match="packed must be"):
+        torch.ops.infer_cpu.int8g_linear(x, q.packed, None, 20, 16, 1, True)  # a layout with minimums
+    with pytest.raises(RuntimeError, match="packed must be"):
+        torch.ops.infer_cpu.int8g_linear(x, q.packed, None, 20, 32, 1, False)
+    with pytest.raises(RuntimeError, match="scale_bytes"):
+        torch.ops.infer_cpu.int8g_linear(x, q.packed, None, 20, 16, 3, False)
