@@ -29,9 +29,11 @@ import torch
 
 from infer.engine.gguf.quants import EXACT_TYPES, Grouped, decode, float_tensor, is_float
 from infer.engine.models import CausalLM, Linear, Target, checkpoint_target
-from infer.kernels import PackedWeight, pack_int4, pack_int8g
+from infer.kernels import PackedWeight, SuperScales, pack_int4, pack_int4_super, pack_int8g, pack_int8g_super
 
 logger = logging.getLogger(__name__)
+
+SUPER_BLOCK = 256  # inputs a K-quant super-block scale covers
 
 # GGUF per-layer tensor names -> Hugging Face module names (after `model.layers.N.`)
 _LAYER = {
@@ -146,24 +148,57 @@ class _Part:
 
 def pack_grouped(parts: Sequence[Grouped]) -> PackedWeight:
     """Row blocks of one weight (q, k, v; gate, up) in one packed format, exactly: int4 when every part is 4-bit
-    in groups of 32, else the 8-bit grouped format at the finest group of the parts."""
-    fp16 = all(p.scales_fit_fp16 for p in parts)
-    scale_dtype = torch.float16 if fp16 else torch.float32
-    if all(p.is_4bit for p in parts):
+    in groups of 32, else the 8-bit grouped format at the finest group of the parts. Scales are stored the
+    K-quant way (fp16 per 256 inputs times 8 bits per group) where every part is a K-quant, as fp16 where every
+    part's scales are fp16 values, else as fp32."""
+    group = 32 if all(p.is_4bit for p in parts) else min(p.group for p in parts)
+    sup = _super_scales(parts, group)
+    if group == 32 and all(p.is_4bit for p in parts):
         codes = torch.from_numpy(np.concatenate([p.codes for p in parts]).view(np.uint8))
-        d = torch.from_numpy(np.concatenate([p.scale for p in parts]))
-        m = torch.from_numpy(np.concatenate([p.minimum for p in parts if p.minimum is not None]))
-        return pack_int4(codes, d, m, scale_dtype)
-    group = min(p.group for p in parts)
-    symmetric = all(p.minimum is None for p in parts)
+        if sup is not None:
+            return pack_int4_super(codes, sup)
+        d, m = _per_group(parts, group)
+        assert m is not None
+        return pack_int4(codes, d, m, _scale_dtype(parts))
+    codes8 = torch.from_numpy(np.concatenate([p.codes for p in parts]))
+    if sup is not None:
+        return pack_int8g_super(codes8, sup, group)
+    d, m = _per_group(parts, group)
+    return pack_int8g(codes8, d, m, group, _scale_dtype(parts))
+
+
+def _scale_dtype(parts: Sequence[Grouped]) -> torch.dtype:
+    return torch.float16 if all(p.scales_fit_fp16 for p in parts) else torch.float32
+
+
+def _per_group(parts: Sequence[Grouped], group: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every part's scales (and minimums: zeros for a symmetric part beside others) at `group` inputs a group."""
     scales, minimums = [], []
     for p in parts:
         repeat = p.group // group  # a group of 32 is two groups of 16 with the same scale
         scales.append(np.repeat(p.scale, repeat, axis=1))
         minimums.append(np.zeros_like(scales[-1]) if p.minimum is None else np.repeat(p.minimum, repeat, axis=1))
-    codes8 = torch.from_numpy(np.concatenate([p.codes for p in parts]))
-    m8 = None if symmetric else torch.from_numpy(np.concatenate(minimums))
-    return pack_int8g(codes8, torch.from_numpy(np.concatenate(scales)), m8, group, scale_dtype)
+    symmetric = all(p.minimum is None for p in parts)
+    d = torch.from_numpy(np.concatenate(scales))
+    return d, None if symmetric else torch.from_numpy(np.concatenate(minimums))
+
+
+def _super_scales(parts: Sequence[Grouped], group: int) -> SuperScales | None:
+    """The parts' two-level K-quant scales at `group` inputs a group, when every part has them."""
+    sups = [p.super for p in parts]
+    if any(s is None for s in sups) or parts[0].shape[1] % SUPER_BLOCK:
+        return None
+    has_min = any(s.m is not None for s in sups if s is not None)
+    d, d_sub, m, m_sub = [], [], [], []
+    for p, s in zip(parts, sups, strict=True):
+        assert s is not None
+        repeat = p.group // group
+        d.append(s.d)
+        d_sub.append(np.repeat(s.d_sub, repeat, axis=1))
+        m.append(np.zeros_like(s.d) if s.m is None else s.m)
+        m_sub.append(np.zeros_like(d_sub[-1]) if s.m_sub is None else np.repeat(s.m_sub, repeat, axis=1))
+    cat = lambda ts: torch.from_numpy(np.concatenate(ts))  # noqa: E731
+    return SuperScales(cat(d_sub), cat(d), cat(m_sub) if has_min else None, cat(m) if has_min else None)
 
 
 def _packable(parts: Sequence[_Part], param: str) -> bool:

@@ -98,8 +98,9 @@ def test_formats_follow_the_file(tmp_path: Path) -> None:
     model = _load(path, "auto")
     attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
     assert isinstance(attn.qkv_proj.weight, Int8GroupWeight)  # Q4_K q, k beside a Q6_K v
-    assert attn.qkv_proj.weight.group == 16
-    assert isinstance(attn.o_proj.weight, Int4Weight)
+    # K-quant scales stay two-level (fp16 per 256 inputs times int8 per group), Q4_0's fp16
+    assert (attn.qkv_proj.weight.group, attn.qkv_proj.weight.scale_dtype) == (16, torch.int8)
+    assert isinstance(attn.o_proj.weight, Int4Weight) and attn.o_proj.weight.scale_dtype == torch.float16
     assert isinstance(mlp.gate_up_proj.weight, Int4Weight)
     assert model.lm_head.weight is model.embed_packed
 
