@@ -2,7 +2,7 @@
 
 For each model of `make models` (benchmarks/real_models.py: Gemma 3 270M, Qwen2.5-Coder 0.5B and 1.5B Instruct):
 
-1. perplexity of a fixed text (`TEXT` of benchmarks/precision.py): `llama-perplexity -c CTX -t 2` and ours through
+1. perplexity of a fixed text (benchmarks/perplexity_text.txt): `llama-perplexity -c CTX -t 2` and ours through
    the engine computed the same way (the text cut into chunks of CTX tokens, a chunk's first token replaced by BOS
    when the model adds one, each chunk scored on its second half; CTX = half the text, so two chunks);
 2. a probe: llama-server with and without `--no-repack`, one stream; the faster serves the rest of the run;
@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from precision import TEXT
 from real_models import model_path
 from serving_peers import figures
 from serving_servers import LLAMA_SERVER, Running, infer_server, llama_server, llama_version
@@ -62,6 +61,10 @@ OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 MODELS = ("gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 LLAMA_PERPLEXITY = LLAMA_SERVER.with_name("llama-perplexity")
 THREADS, SLOTS, BLOCK_TOKENS = 2, 16, 16
+# NOTE: the Apache License 2.0 (infer's own licence, copied verbatim): ~2,500 tokens of English prose that none of
+# the models was tuned on specifically; precision.py's 174-token text left llama-perplexity two chunks of 87
+TEXT = Path(__file__).with_name("perplexity_text.txt").read_text(encoding="utf-8").strip()
+PERPLEXITY_CTX = 512  # tokens a chunk (each scored on its second half), as `llama-perplexity -c`
 CONTEXT_TOKENS = 4096  # llama-server's -c: one pool for its 16 slots; infer's KV cache holds as many tokens
 SPECULATIVE_TOKENS = 4  # drafts per step, benchmarks/speculative.py's default --k
 LLAMA_NGRAM_FLAGS = ("--spec-type", "ngram-simple")  # llama.cpp's draftless n-gram speculation, its own defaults
@@ -187,7 +190,7 @@ def our_side(name: str, path: Path) -> dict[str, Any]:
     llm = LLM(str(path), max_model_len=512, num_blocks=64)
     try:
         ids = llm.tokenizer.encode(TEXT)
-        ctx = len(ids) // 2
+        ctx = min(PERPLEXITY_CTX, len(ids) // 2)
         out: dict[str, Any] = {"text_tokens": len(ids), "ctx": ctx, "perplexity": chunked_perplexity(llm, ids, ctx)}
         runner = llm.core.runner
         out["kv_bytes_per_token"] = kv_cache_bytes_per_block(runner.model, 1, runner.dtype)
@@ -552,7 +555,8 @@ def run_facts(result: dict[str, Any]) -> list[str]:
         f"- infer: `infer serve --model FILE --num-blocks {CONTEXT_TOKENS // BLOCK_TOKENS} --block-size {BLOCK_TOKENS}"
         f" --no-enable-prefix-caching` (threads: its default); speculation per request (`speculative_tokens` 0 and "
         f"{SPECULATIVE_TOKENS}) on the same server",
-        "- perplexity text: `TEXT` of benchmarks/precision.py; our figure is computed through the engine offline "
+        "- perplexity text: benchmarks/perplexity_text.txt (the Apache License 2.0), chunks of 512 tokens; our "
+        "figure is computed through the engine offline "
         "(`LLM`, the same file and bits) the way llama-perplexity does",
         f"- wall time: {result['wall_s'] / 60:.1f} min; server logs in {result['log_dir']}",
         *[f"- NOTE: {n}" for n in result.get("notes", [])],
