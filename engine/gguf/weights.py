@@ -197,8 +197,11 @@ def _super_scales(parts: Sequence[Grouped], group: int) -> SuperScales | None:
         d_sub.append(np.repeat(s.d_sub, repeat, axis=1))
         m.append(np.zeros_like(s.d) if s.m is None else s.m)
         m_sub.append(np.zeros_like(d_sub[-1]) if s.m_sub is None else np.repeat(s.m_sub, repeat, axis=1))
-    cat = lambda ts: torch.from_numpy(np.concatenate(ts))  # noqa: E731
-    return SuperScales(cat(d_sub), cat(d), cat(m_sub) if has_min else None, cat(m) if has_min else None)
+    return SuperScales(_cat(d_sub), _cat(d), _cat(m_sub) if has_min else None, _cat(m) if has_min else None)
+
+
+def _cat(arrays: Sequence[np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(np.concatenate(arrays))
 
 
 def _packable(parts: Sequence[_Part], param: str) -> bool:
