@@ -35,10 +35,11 @@ NO_SPECULATION = "not measured: this build has no setting whose name starts with
 
 
 def precisions() -> dict[str, dict[str, str]]:
-    """{name: engine settings}: fp32, bf16, then each `--quantization` choice but none."""
+    """{name: engine settings}: fp32, bf16, then each `--quantization` choice but none and auto (the default
+    model is a directory of floats: auto is none there)."""
     quantization = next(s for s in SETTINGS if s.name == "quantization")
     found: dict[str, dict[str, str]] = {"fp32": {}, "bf16": {"dtype": "bfloat16"}}
-    return found | {q: {"quantization": q} for q in quantization.choices if q != "none"}
+    return found | {q: {"quantization": q} for q in quantization.choices if q not in ("none", "auto")}
 
 
 @dataclass(frozen=True)
