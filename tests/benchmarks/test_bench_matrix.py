@@ -20,7 +20,7 @@ def test_every_quantization_choice_of_the_settings_is_a_precision() -> None:
     quantization = next(s for s in SETTINGS if s.name == "quantization")
     found = bench_matrix.precisions()
     assert list(found)[:2] == ["fp32", "bf16"] and found["bf16"] == {"dtype": "bfloat16"}
-    assert set(found) - {"fp32", "bf16"} == set(quantization.choices) - {"none"}
+    assert set(found) - {"fp32", "bf16"} == set(quantization.choices) - {"none", "auto"}  # auto: none here
     assert found["int8"] == {"quantization": "int8"}
 
 
