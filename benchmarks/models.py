@@ -4,7 +4,7 @@ For each model of `make models` (benchmarks/real_models.py: Gemma 3 270M, Qwen2.
 
 1. perplexity of a fixed text (benchmarks/perplexity_text.txt): `llama-perplexity -c CTX -t 2` and ours through
    the engine computed the same way (the text cut into chunks of CTX tokens, a chunk's first token replaced by BOS
-   when the model adds one, each chunk scored on its second half; CTX = half the text, so two chunks);
+   when the model adds one, each chunk scored on its second half; CTX = 512 tokens, or half a shorter text);
 2. a probe: llama-server with and without `--no-repack`, one stream; the faster serves the rest of the run;
 3. rounds, the order of the systems reversed every other round: each server started cold (time to SERVING, peak
    RSS after load), then one stream (128-token prompts, 64 new tokens), 16 concurrent (16 requests at once, same
