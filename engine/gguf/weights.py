@@ -154,13 +154,13 @@ def pack_grouped(parts: Sequence[Grouped]) -> PackedWeight:
     group = 32 if all(p.is_4bit for p in parts) else min(p.group for p in parts)
     sup = _super_scales(parts, group)
     if group == 32 and all(p.is_4bit for p in parts):
-        codes = torch.from_numpy(np.concatenate([p.codes for p in parts]).view(np.uint8))
+        codes = torch.from_numpy(_joined([p.codes for p in parts]).view(np.uint8))
         if sup is not None:
             return pack_int4_super(codes, sup)
         d, m = _per_group(parts, group)
         assert m is not None
         return pack_int4(codes, d, m, _scale_dtype(parts))
-    codes8 = torch.from_numpy(np.concatenate([p.codes for p in parts]))
+    codes8 = torch.from_numpy(_joined([p.codes for p in parts]))
     if sup is not None:
         return pack_int8g_super(codes8, sup, group)
     d, m = _per_group(parts, group)
@@ -179,8 +179,8 @@ def _per_group(parts: Sequence[Grouped], group: int) -> tuple[torch.Tensor, torc
         scales.append(np.repeat(p.scale, repeat, axis=1))
         minimums.append(np.zeros_like(scales[-1]) if p.minimum is None else np.repeat(p.minimum, repeat, axis=1))
     symmetric = all(p.minimum is None for p in parts)
-    d = torch.from_numpy(np.concatenate(scales))
-    return d, None if symmetric else torch.from_numpy(np.concatenate(minimums))
+    d = torch.from_numpy(_joined(scales))
+    return d, None if symmetric else torch.from_numpy(_joined(minimums))
 
 
 def _super_scales(parts: Sequence[Grouped], group: int) -> SuperScales | None:
@@ -201,7 +201,12 @@ def _super_scales(parts: Sequence[Grouped], group: int) -> SuperScales | None:
 
 
 def _cat(arrays: Sequence[np.ndarray]) -> torch.Tensor:
-    return torch.from_numpy(np.concatenate(arrays))
+    return torch.from_numpy(_joined(arrays))
+
+
+def _joined(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Row blocks as one array; NOTE: one block is used as it is (a copy of a 262k-row embedding is ~170 MB)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def _packable(parts: Sequence[_Part], param: str) -> bool:
