@@ -123,16 +123,28 @@ def load_model(model_path: str | Path, config: EngineConfig | None = None, kerne
     gguf_file = _find_gguf(path)
     if gguf_file is not None:
         return load_gguf_model(open_source(gguf_file), config, kernels)
+    return _load_directory(path, config, kernels)
+
+
+def _load_directory(path: Path, config: EngineConfig, kernels: str | None) -> CausalLM:
     if not path.is_dir():
         raise ModelLoadError(f"model directory not found: {path}")
-    cfg = load_model_config(path)
+    model = _empty_model(load_model_config(path), config, kernels)
+    _load_weights(model, weight_files(path))
+    return _placed(model, config, "none" if config.quantization == "auto" else config.quantization)
+
+
+def _empty_model(cfg: ModelConfig, config: EngineConfig, kernels: str | None) -> CausalLM:
+    """The model's modules on the CPU, weights unfilled, on the kernel backend chosen here, once. ValueError when
+    `config.max_model_len` is more than the model's positions (before any weight is read)."""
     max_model_len = config.for_model(cfg.max_position_embeddings).max_model_len
-    files = weight_files(path)
     backend = select_kernels(config.device, config.torch_dtype, kernels)
     with torch.device("cpu"):
-        model = CausalLM(cfg, backend, max_positions=max_model_len)
-    _load_weights(model, files)
-    quantization = "none" if config.quantization == "auto" else config.quantization
+        return CausalLM(cfg, backend, max_positions=max_model_len)
+
+
+def _placed(model: CausalLM, config: EngineConfig, quantization: str) -> CausalLM:
+    """A filled model on its device and dtype, quantized, its layers handed to the fused stack."""
     return model.to_device(torch.device(config.device), config.torch_dtype).eval().quantize(quantization).fuse()
 
 
@@ -164,18 +176,13 @@ def gguf_config(source: GGUFSource) -> ModelConfig:
 def load_gguf_model(source: GGUFSource, config: EngineConfig, kernels: str | None = None) -> CausalLM:
     """A GGUF file's model: `quantization` auto keeps every tensor's own bits (`gguf/weights.py`); none, int8 and
     int4 dequantize the file to floats first (none stops there)."""
-    cfg = gguf_config(source)
-    max_model_len = config.for_model(cfg.max_position_embeddings).max_model_len
-    backend = select_kernels(config.device, config.torch_dtype, kernels)
-    with torch.device("cpu"):
-        model = CausalLM(cfg, backend, max_positions=max_model_len)
+    model = _empty_model(gguf_config(source), config, kernels)
     keep = config.quantization == "auto"
     try:
         fill_model(model, str(source.meta["general.architecture"]), source.tensors, keep=keep)
     except GGUFWeightError as e:
         raise ModelLoadError(f"{source.path}: {e}") from None
-    quantization = "none" if keep else config.quantization
-    return model.to_device(torch.device(config.device), config.torch_dtype).eval().quantize(quantization).fuse()
+    return _placed(model, config, "none" if keep else config.quantization)
 
 
 def resolve_model_dir(model: str | None) -> Path:
@@ -198,7 +205,7 @@ def load_engine(config: EngineConfig) -> tuple[EngineConfig, ModelRunner, Tokeni
         model, model_id = load_gguf_model(source, config), source.name
         tokenizer = gguf_tokenizer(source, template)
     else:
-        model, model_id = load_model(path, config), path.name
+        model, model_id = _load_directory(path, config, None), path.name
         try:
             tokenizer = Tokenizer.from_dir(path, model.cfg.eos_token_ids)
         except TokenizerLoadError as e:

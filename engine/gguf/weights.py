@@ -151,9 +151,10 @@ def pack_grouped(parts: Sequence[Grouped]) -> PackedWeight:
     in groups of 32, else the 8-bit grouped format at the finest group of the parts. Scales are stored the
     K-quant way (fp16 per 256 inputs times 8 bits per group) where every part is a K-quant, as fp16 where every
     part's scales are fp16 values, else as fp32."""
-    group = 32 if all(p.is_4bit for p in parts) else min(p.group for p in parts)
+    is_4bit = all(p.is_4bit for p in parts)  # NOTE: a scan of every code: once
+    group = 32 if is_4bit else min(p.group for p in parts)
     sup = _super_scales(parts, group)
-    if group == 32 and all(p.is_4bit for p in parts):
+    if is_4bit:
         codes = torch.from_numpy(_joined([p.codes for p in parts]).view(np.uint8))
         if sup is not None:
             return pack_int4_super(codes, sup)
@@ -209,7 +210,7 @@ def _joined(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
-def _packable(parts: Sequence[_Part], param: str) -> bool:
+def _packable(param: str) -> bool:
     return param.endswith("proj.weight") or param in ("lm_head.weight", "embed_tokens")
 
 
@@ -269,7 +270,7 @@ def fill_model(model: CausalLM, arch: str, tensors: Sequence[FileTensor], keep: 
     params = dict(model.named_parameters(remove_duplicate=False))
     for name, parts in _collect(model, arch, tensors).items():
         param = params[name]
-        if keep and _packable(parts, name) and not any(p.tensor.is_float for p in parts):
+        if keep and _packable(name) and not any(p.tensor.is_float for p in parts):
             packed = _pack(parts, tuple(param.shape))
             if name == "embed_tokens":
                 model.keep_embedding_packed(packed)
