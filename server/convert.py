@@ -62,6 +62,17 @@ def check_request_id(request_id: str) -> None:
         raise InvalidInput("request_id", "must be 1 to 128 visible ASCII characters")
 
 
+def engine_request_id(request_id: str, request: pb.GenerateRequest) -> str:
+    """The engine's id of a request: its request_id, or with a choice_index `<request_id> (choice <i>)`.
+
+    NOTE: a request_id has no space, so no client's request_id is ever a choice's engine id: the `n`
+    choices of `x` cannot collide with another client's `x-1` (or `x (choice 1)`, which is refused).
+    """
+    if not request.HasField("choice_index"):
+        return request_id
+    return f"{request_id} (choice {request.choice_index})"
+
+
 def _tools(request: pb.GenerateRequest | pb.TokenizeRequest) -> list[Tool]:
     tools = []
     for i, t in enumerate(request.tools):
@@ -171,11 +182,13 @@ def _logprob(lp: TokenLogprob, tokenizer: Tokenizer) -> pb.TokenLogprob:
 
 
 def generate_response(
-    out: RequestOutput, tokenizer: Tokenizer, parser: ToolCallParser | None = None
+    out: RequestOutput, tokenizer: Tokenizer, parser: ToolCallParser | None = None, request_id: str | None = None
 ) -> pb.GenerateResponse:
     """One streamed message; the last also carries finish reason, usage and timings. With a tool-call parser,
-    the text is what is not a call, and the calls are in `tool_calls`."""
-    response = pb.GenerateResponse(request_id=out.request_id, token_ids=out.token_ids, text=out.text)
+    the text is what is not a call, and the calls are in `tool_calls`. `request_id`: the client's (default: the
+    engine's id, which differs for a choice)."""
+    response = pb.GenerateResponse(request_id=out.request_id if request_id is None else request_id,
+                                   token_ids=out.token_ids, text=out.text)  # fmt: skip
     if parser is not None:
         _parse_calls(response, out, parser)
     if out.logprobs:

@@ -98,7 +98,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> None:
         request_id = request.request_id or uuid.uuid4().hex
-        async with self._rpc(context, "Generate", request_id) as (engine, trace):
+        engine_id = convert.engine_request_id(request_id, request)
+        async with self._rpc(context, "Generate", engine_id) as (engine, trace):
             convert.check_request_id(request.request_id)
             params = convert.sampling_params(request.sampling)
             bounds = self.limits.bounds(engine.config.max_model_len)
@@ -109,14 +110,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             await _compiled(engine, processed)
             _admit_by_deadline(engine, len(processed.prompt_token_ids), context.time_remaining())
             parser = processed.parser()
-            async with engine.submit(processed, request_id) as stream:  # leaving early aborts it
+            async with engine.submit(processed, engine_id) as stream:  # leaving early aborts it
                 async for out in stream:
                     trace.on_output(out)
                     if out.finish_reason is FinishReason.ERROR:
-                        raise StatusError(grpc.StatusCode.INTERNAL, f"request {request_id} failed: {out.error}")
+                        raise StatusError(grpc.StatusCode.INTERNAL, f"request {engine_id} failed: {out.error}")
                     if out.finish_reason is FinishReason.ABORT:
-                        raise StatusError(grpc.StatusCode.CANCELLED, f"request {request_id} was aborted")
-                    await context.write(convert.generate_response(out, engine.tokenizer, parser))
+                        raise StatusError(grpc.StatusCode.CANCELLED, f"request {engine_id} was aborted")
+                    await context.write(convert.generate_response(out, engine.tokenizer, parser, request_id))
 
     async def GetModelInfo(  # noqa: N802
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext

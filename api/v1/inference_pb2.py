@@ -24,57 +24,57 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18infer/v1/inference.proto\x12\x08infer.v1\"\xc5\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x12.infer.v1.TokenIdsH\x00\x12*\n\x08messages\x18\x04 \x01(\x0b\x32\x16.infer.v1.ChatMessagesH\x00\x12*\n\x08sampling\x18\x05 \x01(\x0b\x32\x18.infer.v1.SamplingParams\x12\x1d\n\x05tools\x18\x06 \x03(\x0b\x32\x0e.infer.v1.Tool\x12)\n\x0btool_choice\x18\x07 \x01(\x0b\x32\x14.infer.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x08 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x16\n\x14_parallel_tool_calls\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"x\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12&\n\ntool_calls\x18\x03 \x03(\x0b\x32\x12.infer.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"T\n\nToolChoice\x12(\n\x04mode\x18\x01 \x01(\x0e\x32\x18.infer.v1.ToolChoiceModeH\x00\x12\x12\n\x08\x66unction\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"7\n\x0c\x43hatMessages\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.infer.v1.ChatMessage\"\xae\x06\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x01\x88\x01\x01\x12\x1f\n\x17max_tokens_from_context\x18\x16 \x01(\x08\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x01H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x01H\x06\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x01H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x01H\x08\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x03H\t\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\x05\x12\x17\n\nmin_tokens\x18\x0c \x01(\x05H\n\x88\x01\x01\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\x15\n\x08logprobs\x18\x0e \x01(\x05H\x0b\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x0f \x01(\x08H\x0c\x88\x01\x01\x12\x15\n\x0bjson_schema\x18\x10 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x11 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x12 \x01(\tH\x00\x12#\n\x06\x63hoice\x18\x13 \x01(\x0b\x32\x11.infer.v1.ChoicesH\x00\x12+\n\x0bjson_object\x18\x14 \x01(\x0b\x32\x14.infer.v1.JsonObjectH\x00\x12\x1f\n\x12speculative_tokens\x18\x15 \x01(\x05H\r\x88\x01\x01\x42\x0c\n\nconstraintB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\r\n\x0b_min_tokensB\x0b\n\t_logprobsB\x16\n\x14_skip_special_tokensB\x15\n\x13_speculative_tokens\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x0c\n\nJsonObject\"\x91\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12(\n\x08logprobs\x18\x04 \x03(\x0b\x32\x16.infer.v1.TokenLogprob\x12-\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x16.infer.v1.FinishReason\x12\x1e\n\x05usage\x18\x06 \x01(\x0b\x32\x0f.infer.v1.Usage\x12\"\n\x07timings\x18\x07 \x01(\x0b\x32\x11.infer.v1.Timings\x12+\n\ntool_calls\x18\x08 \x03(\x0b\x32\x17.infer.v1.ToolCallDelta\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"c\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12\r\n\x05token\x18\x03 \x01(\t\x12!\n\x03top\x18\x04 \x03(\x0b\x32\x14.infer.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12\r\n\x05token\x18\x03 \x01(\t\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\xa4\x01\n\x07Timings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x02 \x01(\x01\x12\x0f\n\x07total_s\x18\x03 \x01(\x01\x12\x17\n\x0fnum_preemptions\x18\x04 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x05 \x01(\x05\x12\x1b\n\x13num_accepted_tokens\x18\x06 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x07 \x01(\x01\"\x15\n\x13GetModelInfoRequest\"\xb4\x01\n\x14GetModelInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x19\n\x11has_chat_template\x18\x05 \x01(\x08\x12\x1c\n\x14max_waiting_requests\x18\x06 \x01(\x05\x12\x0f\n\x07kernels\x18\x07 \x01(\t\"\xeb\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12*\n\x08messages\x18\x02 \x01(\x0b\x32\x16.infer.v1.ChatMessagesH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x04 \x01(\x08H\x02\x88\x01\x01\x12\x1d\n\x05tools\x18\x05 \x03(\x0b\x32\x0e.infer.v1.ToolB\x07\n\x05inputB\x15\n\x13_add_special_tokensB\x18\n\x16_add_generation_prompt\"3\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t*e\n\x0eToolChoiceMode\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x02*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03\x32\xe9\x01\n\x10InferenceService\x12\x43\n\x08Generate\x12\x19.infer.v1.GenerateRequest\x1a\x1a.infer.v1.GenerateResponse0\x01\x12M\n\x0cGetModelInfo\x12\x1d.infer.v1.GetModelInfoRequest\x1a\x1e.infer.v1.GetModelInfoResponse\x12\x41\n\x08Tokenize\x12\x19.infer.v1.TokenizeRequest\x1a\x1a.infer.v1.TokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18infer/v1/inference.proto\x12\x08infer.v1\"\xf1\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x12.infer.v1.TokenIdsH\x00\x12*\n\x08messages\x18\x04 \x01(\x0b\x32\x16.infer.v1.ChatMessagesH\x00\x12*\n\x08sampling\x18\x05 \x01(\x0b\x32\x18.infer.v1.SamplingParams\x12\x1d\n\x05tools\x18\x06 \x03(\x0b\x32\x0e.infer.v1.Tool\x12)\n\x0btool_choice\x18\x07 \x01(\x0b\x32\x14.infer.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x08 \x01(\x08H\x01\x88\x01\x01\x12\x19\n\x0c\x63hoice_index\x18\t \x01(\rH\x02\x88\x01\x01\x42\x07\n\x05inputB\x16\n\x14_parallel_tool_callsB\x0f\n\r_choice_index\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"x\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12&\n\ntool_calls\x18\x03 \x03(\x0b\x32\x12.infer.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"T\n\nToolChoice\x12(\n\x04mode\x18\x01 \x01(\x0e\x32\x18.infer.v1.ToolChoiceModeH\x00\x12\x12\n\x08\x66unction\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"7\n\x0c\x43hatMessages\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.infer.v1.ChatMessage\"\xae\x06\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x01\x88\x01\x01\x12\x1f\n\x17max_tokens_from_context\x18\x16 \x01(\x08\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x01H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x01H\x06\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x01H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x01H\x08\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x03H\t\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\x05\x12\x17\n\nmin_tokens\x18\x0c \x01(\x05H\n\x88\x01\x01\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\x15\n\x08logprobs\x18\x0e \x01(\x05H\x0b\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x0f \x01(\x08H\x0c\x88\x01\x01\x12\x15\n\x0bjson_schema\x18\x10 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x11 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x12 \x01(\tH\x00\x12#\n\x06\x63hoice\x18\x13 \x01(\x0b\x32\x11.infer.v1.ChoicesH\x00\x12+\n\x0bjson_object\x18\x14 \x01(\x0b\x32\x14.infer.v1.JsonObjectH\x00\x12\x1f\n\x12speculative_tokens\x18\x15 \x01(\x05H\r\x88\x01\x01\x42\x0c\n\nconstraintB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\r\n\x0b_min_tokensB\x0b\n\t_logprobsB\x16\n\x14_skip_special_tokensB\x15\n\x13_speculative_tokens\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x0c\n\nJsonObject\"\x91\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12(\n\x08logprobs\x18\x04 \x03(\x0b\x32\x16.infer.v1.TokenLogprob\x12-\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x16.infer.v1.FinishReason\x12\x1e\n\x05usage\x18\x06 \x01(\x0b\x32\x0f.infer.v1.Usage\x12\"\n\x07timings\x18\x07 \x01(\x0b\x32\x11.infer.v1.Timings\x12+\n\ntool_calls\x18\x08 \x03(\x0b\x32\x17.infer.v1.ToolCallDelta\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"c\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12\r\n\x05token\x18\x03 \x01(\t\x12!\n\x03top\x18\x04 \x03(\x0b\x32\x14.infer.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12\r\n\x05token\x18\x03 \x01(\t\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\xa4\x01\n\x07Timings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x02 \x01(\x01\x12\x0f\n\x07total_s\x18\x03 \x01(\x01\x12\x17\n\x0fnum_preemptions\x18\x04 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x05 \x01(\x05\x12\x1b\n\x13num_accepted_tokens\x18\x06 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x07 \x01(\x01\"\x15\n\x13GetModelInfoRequest\"\xb4\x01\n\x14GetModelInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x19\n\x11has_chat_template\x18\x05 \x01(\x08\x12\x1c\n\x14max_waiting_requests\x18\x06 \x01(\x05\x12\x0f\n\x07kernels\x18\x07 \x01(\t\"\xeb\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12*\n\x08messages\x18\x02 \x01(\x0b\x32\x16.infer.v1.ChatMessagesH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x04 \x01(\x08H\x02\x88\x01\x01\x12\x1d\n\x05tools\x18\x05 \x03(\x0b\x32\x0e.infer.v1.ToolB\x07\n\x05inputB\x15\n\x13_add_special_tokensB\x18\n\x16_add_generation_prompt\"3\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t*e\n\x0eToolChoiceMode\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x02*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03\x32\xe9\x01\n\x10InferenceService\x12\x43\n\x08Generate\x12\x19.infer.v1.GenerateRequest\x1a\x1a.infer.v1.GenerateResponse0\x01\x12M\n\x0cGetModelInfo\x12\x1d.infer.v1.GetModelInfoRequest\x1a\x1e.infer.v1.GetModelInfoResponse\x12\x41\n\x08Tokenize\x12\x19.infer.v1.TokenizeRequest\x1a\x1a.infer.v1.TokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'infer.api.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOOLCHOICEMODE']._serialized_start=2899
-  _globals['_TOOLCHOICEMODE']._serialized_end=3000
-  _globals['_FINISHREASON']._serialized_start=3002
-  _globals['_FINISHREASON']._serialized_end=3127
+  _globals['_TOOLCHOICEMODE']._serialized_start=2943
+  _globals['_TOOLCHOICEMODE']._serialized_end=3044
+  _globals['_FINISHREASON']._serialized_start=3046
+  _globals['_FINISHREASON']._serialized_end=3171
   _globals['_GENERATEREQUEST']._serialized_start=39
-  _globals['_GENERATEREQUEST']._serialized_end=364
-  _globals['_TOKENIDS']._serialized_start=366
-  _globals['_TOKENIDS']._serialized_end=389
-  _globals['_CHATMESSAGE']._serialized_start=391
-  _globals['_CHATMESSAGE']._serialized_end=511
-  _globals['_TOOL']._serialized_start=513
-  _globals['_TOOL']._serialized_end=574
-  _globals['_TOOLCHOICE']._serialized_start=576
-  _globals['_TOOLCHOICE']._serialized_end=660
-  _globals['_TOOLCALL']._serialized_start=662
-  _globals['_TOOLCALL']._serialized_end=717
-  _globals['_CHATMESSAGES']._serialized_start=719
-  _globals['_CHATMESSAGES']._serialized_end=774
-  _globals['_SAMPLINGPARAMS']._serialized_start=777
-  _globals['_SAMPLINGPARAMS']._serialized_end=1591
-  _globals['_CHOICES']._serialized_start=1593
-  _globals['_CHOICES']._serialized_end=1619
-  _globals['_JSONOBJECT']._serialized_start=1621
-  _globals['_JSONOBJECT']._serialized_end=1633
-  _globals['_GENERATERESPONSE']._serialized_start=1636
-  _globals['_GENERATERESPONSE']._serialized_end=1909
-  _globals['_TOOLCALLDELTA']._serialized_start=1911
-  _globals['_TOOLCALLDELTA']._serialized_end=1986
-  _globals['_TOKENLOGPROB']._serialized_start=1988
-  _globals['_TOKENLOGPROB']._serialized_end=2087
-  _globals['_TOPLOGPROB']._serialized_start=2089
-  _globals['_TOPLOGPROB']._serialized_end=2151
-  _globals['_USAGE']._serialized_start=2153
-  _globals['_USAGE']._serialized_end=2233
-  _globals['_TIMINGS']._serialized_start=2236
-  _globals['_TIMINGS']._serialized_end=2400
-  _globals['_GETMODELINFOREQUEST']._serialized_start=2402
-  _globals['_GETMODELINFOREQUEST']._serialized_end=2423
-  _globals['_GETMODELINFORESPONSE']._serialized_start=2426
-  _globals['_GETMODELINFORESPONSE']._serialized_end=2606
-  _globals['_TOKENIZEREQUEST']._serialized_start=2609
-  _globals['_TOKENIZEREQUEST']._serialized_end=2844
-  _globals['_TOKENIZERESPONSE']._serialized_start=2846
-  _globals['_TOKENIZERESPONSE']._serialized_end=2897
-  _globals['_INFERENCESERVICE']._serialized_start=3130
-  _globals['_INFERENCESERVICE']._serialized_end=3363
+  _globals['_GENERATEREQUEST']._serialized_end=408
+  _globals['_TOKENIDS']._serialized_start=410
+  _globals['_TOKENIDS']._serialized_end=433
+  _globals['_CHATMESSAGE']._serialized_start=435
+  _globals['_CHATMESSAGE']._serialized_end=555
+  _globals['_TOOL']._serialized_start=557
+  _globals['_TOOL']._serialized_end=618
+  _globals['_TOOLCHOICE']._serialized_start=620
+  _globals['_TOOLCHOICE']._serialized_end=704
+  _globals['_TOOLCALL']._serialized_start=706
+  _globals['_TOOLCALL']._serialized_end=761
+  _globals['_CHATMESSAGES']._serialized_start=763
+  _globals['_CHATMESSAGES']._serialized_end=818
+  _globals['_SAMPLINGPARAMS']._serialized_start=821
+  _globals['_SAMPLINGPARAMS']._serialized_end=1635
+  _globals['_CHOICES']._serialized_start=1637
+  _globals['_CHOICES']._serialized_end=1663
+  _globals['_JSONOBJECT']._serialized_start=1665
+  _globals['_JSONOBJECT']._serialized_end=1677
+  _globals['_GENERATERESPONSE']._serialized_start=1680
+  _globals['_GENERATERESPONSE']._serialized_end=1953
+  _globals['_TOOLCALLDELTA']._serialized_start=1955
+  _globals['_TOOLCALLDELTA']._serialized_end=2030
+  _globals['_TOKENLOGPROB']._serialized_start=2032
+  _globals['_TOKENLOGPROB']._serialized_end=2131
+  _globals['_TOPLOGPROB']._serialized_start=2133
+  _globals['_TOPLOGPROB']._serialized_end=2195
+  _globals['_USAGE']._serialized_start=2197
+  _globals['_USAGE']._serialized_end=2277
+  _globals['_TIMINGS']._serialized_start=2280
+  _globals['_TIMINGS']._serialized_end=2444
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2446
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2467
+  _globals['_GETMODELINFORESPONSE']._serialized_start=2470
+  _globals['_GETMODELINFORESPONSE']._serialized_end=2650
+  _globals['_TOKENIZEREQUEST']._serialized_start=2653
+  _globals['_TOKENIZEREQUEST']._serialized_end=2888
+  _globals['_TOKENIZERESPONSE']._serialized_start=2890
+  _globals['_TOKENIZERESPONSE']._serialized_end=2941
+  _globals['_INFERENCESERVICE']._serialized_start=3174
+  _globals['_INFERENCESERVICE']._serialized_end=3407
 # @@protoc_insertion_point(module_scope)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from infer.api import API_KEY_METADATA, MAX_REQUEST_ID_CHARS, REQUEST_ID, pb
+from infer.api import API_KEY_METADATA, REQUEST_ID, pb
 from infer.server.gateway import translate
 from infer.server.gateway.errors import RETRY_AFTER_S, APIError, body_field, from_validation
 from infer.server.gateway.metrics import GatewayMetrics
@@ -49,23 +49,16 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def _request_id(request: Request) -> str:
-    value = request.headers.get("x-request-id")
-    if value is None:
+    """X-Request-Id, or a random id when it is absent or empty; 400 when sent twice (which one would be meant?)."""
+    values = request.headers.getlist("x-request-id")
+    if len(values) > 1:
+        message = f"X-Request-Id: sent {len(values)} times; send it once"
+        raise APIError(400, message, code="invalid_value", param="X-Request-Id")
+    if not values or not values[0]:
         return uuid.uuid4().hex
-    if not REQUEST_ID.match(value):
+    if not REQUEST_ID.match(values[0]):
         raise APIError(422, "X-Request-Id: must be 1 to 128 visible ASCII characters", param="X-Request-Id")
-    return value
-
-
-def _check_choice_ids(request_id: str, num_choices: int) -> None:
-    """422 when the choices' ids (X-Request-Id-<index>) outgrow the model server's bound on request ids."""
-    longest = len(translate.choice_request_id(request_id, num_choices - 1, num_choices))
-    if longest > MAX_REQUEST_ID_CHARS:
-        room = MAX_REQUEST_ID_CHARS - (longest - len(request_id))
-        message = (f"X-Request-Id: {len(request_id)} characters is too long for {num_choices} choices: each "
-                   f"choice's request id is X-Request-Id-<index>, at most {MAX_REQUEST_ID_CHARS} characters, so "
-                   f"X-Request-Id may have at most {room} here")  # fmt: skip
-        raise APIError(422, message, code="invalid_value", param="X-Request-Id")
+    return values[0]
 
 
 # JSON escapes of UTF-16 surrogates: json.loads takes an unpaired one, which no later UTF-8 encoding can
@@ -173,7 +166,6 @@ class Routes:
 
     async def _completions(self, request: Request, request_id: str) -> Response:
         body = await self._parse(request, CompletionRequest)
-        _check_choice_ids(request_id, len(body.prompts) * body.n)
         model = await self._check_model(body.model, _metadata(request))
         meta = Meta(f"cmpl-{request_id}", model, int(time.time()), body.n, body.include_usage,
                     has_logprobs=body.logprobs is not None)  # fmt: skip
@@ -186,7 +178,6 @@ class Routes:
 
     async def _chat_completions(self, request: Request, request_id: str) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
-        _check_choice_ids(request_id, body.n)
         model = await self._check_model(body.model, _metadata(request))
         meta = Meta(f"chatcmpl-{request_id}", model, int(time.time()), body.n, body.include_usage, body.logprobs)
         # NOTE: no max_tokens: the model server fills in what the context leaves after the rendered chat

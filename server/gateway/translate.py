@@ -26,13 +26,9 @@ def sampling_params(body: Sampling, max_tokens: int | None, logprobs: int | None
     return params
 
 
-def choice_request_id(request_id: str, index: int, num_choices: int) -> str:
-    """The gRPC request id of one choice: the HTTP request id itself when there is one choice."""
-    return request_id if num_choices == 1 else f"{request_id}-{index}"
-
-
 def _requests(inputs: list[pb.GenerateRequest], n: int, request_id: str, seed: int | None) -> list[pb.GenerateRequest]:
-    """Each input n times, in choice order (prompt-major); seeds seed, seed+1, ... so choices differ."""
+    """Each input n times, in choice order (prompt-major); seeds seed, seed+1, ... so choices differ. Several
+    choices share the request id and carry their index (choice_index), so no other request's id can be theirs."""
     out: list[pb.GenerateRequest] = []
     num_choices = len(inputs) * n
     for prompt_index, template in enumerate(inputs):
@@ -40,7 +36,9 @@ def _requests(inputs: list[pb.GenerateRequest], n: int, request_id: str, seed: i
             index = prompt_index * n + i
             request = pb.GenerateRequest()
             request.CopyFrom(template)
-            request.request_id = choice_request_id(request_id, index, num_choices)
+            request.request_id = request_id
+            if num_choices > 1:
+                request.choice_index = index
             if seed is not None:
                 request.sampling.seed = (seed + index) % 2**63
             out.append(request)

@@ -234,3 +234,12 @@ def test_a_parsed_output_streams_content_and_calls_then_ends_with_tool_calls() -
     assert last.finish_reason == pb.FINISH_REASON_TOOL_CALLS
     plain = convert.generate_response(RequestOutput("r", [2], "x", None, FinishReason.STOP), TOKENIZER, TaggedParser())
     assert plain.text == "x" and plain.finish_reason == pb.FINISH_REASON_STOP
+
+
+def test_a_choice_has_an_engine_id_no_request_id_can_be() -> None:
+    plain = convert.engine_request_id("nn-1", pb.GenerateRequest(request_id="nn-1"))
+    choice = convert.engine_request_id("nn", pb.GenerateRequest(request_id="nn", choice_index=1))
+    assert plain == "nn-1" and choice == "nn (choice 1)"
+    assert convert.engine_request_id("nn", pb.GenerateRequest(request_id="nn", choice_index=0)) != "nn"
+    with pytest.raises(InvalidInput, match="request_id"):
+        convert.check_request_id(choice)  # a client cannot send a choice's engine id as its own

@@ -76,6 +76,12 @@ TOOL_CALL_RESPONSES: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+def _choice_key(request: pb.GenerateRequest) -> str:
+    if request.HasField("choice_index"):
+        return f"{request.request_id}#{request.choice_index}"
+    return request.request_id
+
+
 def _prompt_text(request: pb.GenerateRequest) -> str:
     if request.WhichOneof("input") == "messages":
         return request.messages.messages[-1].content
@@ -101,7 +107,7 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
 
     requests: list[pb.GenerateRequest] = field(default_factory=list)
     metadata: list[dict[str, str]] = field(default_factory=list)
-    cancelled: set[str] = field(default_factory=set)
+    cancelled: set[str] = field(default_factory=set)  # request ids, `<id>#<choice_index>` for a choice
     num_prompt_tokens: int = 5
     num_tokenize_calls: int = 0
 
@@ -123,11 +129,11 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
             async for response in self._stream(request, prompt):
                 await context.write(response)
         except asyncio.CancelledError:
-            self.cancelled.add(request.request_id)
+            self.cancelled.add(_choice_key(request))
             raise
         except Exception:
             if context.cancelled():  # the write failed because the client is gone
-                self.cancelled.add(request.request_id)
+                self.cancelled.add(_choice_key(request))
             raise
         if prompt == "fail-midway":
             await context.abort(grpc.StatusCode.INTERNAL, "fake engine failure")

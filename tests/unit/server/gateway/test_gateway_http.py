@@ -88,7 +88,8 @@ def test_request_id_passes_through(http: httpx.Client, fake: FakeInference) -> N
     assert response.headers["x-request-id"] == "req-42" and response.json()["id"] == "cmpl-req-42"
     assert fake.requests[-1].request_id == "req-42"
     response = http.post(CHAT, json=chat_body(n=2), headers={"X-Request-Id": "req-43"})
-    assert [r.request_id for r in fake.requests[-2:]] == ["req-43-0", "req-43-1"]
+    assert sorted((r.request_id, r.choice_index) for r in fake.requests[-2:]) == [("req-43", 0), ("req-43", 1)]
+    assert not any(r.HasField("choice_index") for r in fake.requests[:-2])  # one choice: none
     assert response.json()["id"] == "chatcmpl-req-43"
     generated = http.post(COMPLETIONS, json=completion_body(stream=True))
     assert (
@@ -101,6 +102,19 @@ def test_request_id_passes_through(http: httpx.Client, fake: FakeInference) -> N
         error_of(http.post(COMPLETIONS, json=completion_body(), headers={"X-Request-Id": "a b"}), 422)["param"]
         == "X-Request-Id"
     )
+
+
+def test_an_empty_request_id_counts_as_absent(http: httpx.Client, fake: FakeInference) -> None:
+    response = http.post(COMPLETIONS, json=completion_body(), headers={"X-Request-Id": ""})
+    assert response.status_code == 200 and len(response.headers["x-request-id"]) == 32
+    assert fake.requests[-1].request_id == response.headers["x-request-id"]
+
+
+def test_a_request_id_sent_twice_is_400_before_any_upstream_call(http: httpx.Client, fake: FakeInference) -> None:
+    headers = [("X-Request-Id", "first"), ("X-Request-Id", "second")]
+    error = error_of(http.post(CHAT, json=chat_body(), headers=headers), 400)
+    assert error["param"] == "X-Request-Id" and "sent 2 times" in error["message"]
+    assert fake.requests == []
 
 
 def test_trace_context_is_forwarded(http: httpx.Client, fake: FakeInference) -> None:
@@ -225,7 +239,7 @@ def test_disconnect_mid_stream_cancels_the_grpc_calls(gateway: RunningGateway, f
     ):
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
-    wait_for(lambda: {f"{request_id}-0", f"{request_id}-1"} <= fake.cancelled)
+    wait_for(lambda: {f"{request_id}#0", f"{request_id}#1"} <= fake.cancelled)
 
 
 def test_disconnect_while_waiting_cancels_the_grpc_call(gateway: RunningGateway, fake: FakeInference) -> None:
