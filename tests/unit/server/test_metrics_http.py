@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import selectors
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -76,11 +78,73 @@ def _scrapes(server: MetricsServer) -> bool:
         return False
 
 
-def test_connections_past_the_bound_are_closed_at_once() -> None:
+def test_past_the_bound_the_oldest_silent_connection_makes_room() -> None:
     with _serving(header_timeout_s=30, max_connections=2) as server:
         idle = [_connect(server) for _ in range(2)]  # NOTE: accepted in order: these two hold both slots
+        wait_for(lambda: len(server._open) == 2)
         with _connect(server) as extra:
-            assert _read_until_closed(extra) == b""  # long before the 30 s header timeout
+            assert _read_until_closed(idle[0]) == b""  # long before the 30 s header timeout
+            assert _scrapes(server)  # closes idle[1] (or `extra`): both sent nothing
         for sock in idle:
             sock.close()
-        wait_for(lambda: _scrapes(server))
+
+
+def test_a_connection_that_sent_part_of_its_head_outlives_silent_ones() -> None:
+    with _serving(header_timeout_s=30, max_connections=2) as server, _connect(server) as partial:
+        partial.sendall(b"GET /metrics HTTP/1.0\r\n")
+        wait_for(lambda: any(c.num_head_bytes for c in server._open.values()))
+        with _connect(server) as silent:
+            assert _scrapes(server)  # room made by closing `silent`, though `partial` is older
+            assert _read_until_closed(silent) == b""
+        partial.sendall(b"\r\n")
+        assert b"scrapes_seen_total" in _read_until_closed(partial)
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_first_byte_timeout() -> None:
+    with _serving(header_timeout_s=30) as server:
+        server.RequestHandlerClass.first_byte_timeout_s = 0.3  # type: ignore[attr-defined]
+        start_s = time.monotonic()
+        with _connect(server) as sock:
+            assert _read_until_closed(sock) == b""
+        assert time.monotonic() - start_s < 5  # not the 30 s head timeout
+
+
+class _IdleSockets:
+    """`count` connections that never send a byte, each reopened as soon as the server closes it."""
+
+    def __init__(self, server: MetricsServer, count: int) -> None:
+        self.server, self.count = server, count
+        self.num_reopened = 0
+        self.opened = threading.Event()  # all `count` opened once
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._hold, daemon=True)
+
+    def _hold(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            for _ in range(self.count):
+                selector.register(_connect(self.server), selectors.EVENT_READ)
+            self.opened.set()
+            while not self._stop.is_set():
+                for key, _ in selector.select(timeout=0.05):
+                    selector.unregister(key.fileobj)
+                    key.fileobj.close()  # type: ignore[union-attr]
+                    selector.register(_connect(self.server), selectors.EVENT_READ)
+                    self.num_reopened += 1
+            for key in list(selector.get_map().values()):
+                key.fileobj.close()  # type: ignore[union-attr]
+
+    def __enter__(self) -> _IdleSockets:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_scrapes_are_answered_under_40_idle_sockets() -> None:
+    """NOTE: before, the 16 slots were held by idle sockets and 16 of 20 scrapes were refused."""
+    with _serving(header_timeout_s=10) as server, _IdleSockets(server, 40) as idle:
+        assert idle.opened.wait(30)
+        assert sum(_scrapes(server) for _ in range(20)) == 20
+        assert idle.num_reopened > 0  # the idle sockets were at the cap all along
