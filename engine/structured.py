@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from infer.engine.structured_schema import check_schema, json_schema_grammar
 from infer.engine.validation import InvalidInput, check
 
 if TYPE_CHECKING:
@@ -64,7 +65,9 @@ class Constraint:
         if kind is ConstraintKind.JSON_OBJECT:
             check(kind, self.text == "", "takes no text")
         elif kind is ConstraintKind.JSON_SCHEMA:
-            check(kind, isinstance(_json(kind, self.text), dict), "must be a JSON object")
+            schema = _json(kind, self.text)
+            check(kind, isinstance(schema, dict), "must be a JSON object")
+            check_schema(schema, kind)  # what xgrammar would not enforce
         elif kind is ConstraintKind.CHOICE:
             choices = _json(kind, self.text)
             check(kind, isinstance(choices, list) and 0 < len(choices) <= MAX_CHOICES, f"1 to {MAX_CHOICES} strings")
@@ -167,7 +170,7 @@ def _compile(compiler: xgr.GrammarCompiler, constraint: Constraint) -> xgr.Compi
     if kind is ConstraintKind.JSON_SCHEMA:
         # NOTE: no free whitespace (`{"a": 1, "b": 2}` only): a small model at temperature 1 may otherwise
         # write spaces and newlines until max_tokens and never close the object
-        return compiler.compile_json_schema(constraint.text, any_whitespace=False, strict_mode=True)
+        return compiler.compile_grammar(json_schema_grammar(constraint.text))
     if kind is ConstraintKind.JSON_OBJECT:
         return compiler.compile_json_schema(JSON_OBJECT_SCHEMA, any_whitespace=False, strict_mode=False)
     if kind is ConstraintKind.REGEX:
