@@ -8,6 +8,7 @@ interface models import; the rest of the package is the backends' insides.
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
 from infer.kernels.backend import BACKENDS, select_kernels
 from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights
+from infer.kernels.ggml_blocks import BlockPlan, BlockRows, Scales, pack_ggml_blocks
 from infer.kernels.int4 import Int4Weight, pack_int4, pack_int4_super
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.int8g import Int8GroupWeight, pack_int8g, pack_int8g_super
@@ -19,6 +20,8 @@ __all__ = [
     "BACKENDS",
     "AttentionMetadata",
     "AttentionSpec",
+    "BlockPlan",
+    "BlockRows",
     "DecoderShape",
     "FusedDecoder",
     "Int4Weight",
@@ -30,8 +33,10 @@ __all__ = [
     "PackedWeight",
     "RopeConfig",
     "RotaryAngles",
+    "Scales",
     "SuperScales",
     "cos_sin_cache",
+    "pack_ggml_blocks",
     "pack_int4",
     "pack_int4_super",
     "pack_int8g",

@@ -71,16 +71,6 @@ class Grouped:
     def shape(self) -> tuple[int, int]:
         return int(self.codes.shape[0]), int(self.codes.shape[1])
 
-    @property
-    def is_4bit(self) -> bool:
-        """Codes in 0..15 with groups of 32: the int4 format holds it."""
-        return self.group == 32 and self.minimum is not None and _in_range(self.codes, 0, 15)
-
-    @property
-    def scales_fit_fp16(self) -> bool:
-        """Scale and minimum are exact fp16 values (they were fp16 in the file, or products that stayed so)."""
-        return all(_fits_fp16(t) for t in (self.scale, self.minimum) if t is not None)
-
     def dequantize(self) -> np.ndarray:  # [rows, cols] float32
         rows, cols = self.shape
         w = self.codes.reshape(rows, -1, self.group).astype(np.float32) * self.scale[..., None]
@@ -88,14 +78,6 @@ class Grouped:
             w = w + self.minimum[..., None]
         out: np.ndarray = w.reshape(rows, cols)
         return out
-
-
-def _in_range(codes: np.ndarray, lo: int, hi: int) -> bool:
-    return codes.size == 0 or (int(codes.min()) >= lo and int(codes.max()) <= hi)
-
-
-def _fits_fp16(t: np.ndarray) -> bool:
-    return bool(np.array_equal(t.astype(np.float16).astype(np.float32), t))
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:  # [n, 2] uint8 -> [n] float32
@@ -188,6 +170,37 @@ def _q6_k(b: np.ndarray) -> KParts:
     ql, qh, sc, d = b[:, :128], b[:, 128:192], b[:, 192:208], _f16(b[:, 208:210])[:, None]
     codes = (_nibbles(ql, 64) | (_bits(qh, 32, 4, 2) << np.uint8(4))).astype(np.int8) - np.int8(32)
     return codes, d, sc.copy().view(np.int8), None, None
+
+
+@dataclass(frozen=True)
+class Form:
+    """What a type's grouped form is, known from the type alone (the table in the module doc): what a packed
+    format needs to hold every tensor of the type, decided without reading its codes."""
+
+    group: int  # inputs a scale
+    has_min: bool
+    four_bit: bool  # codes in 0..15, groups of 32: int4 holds them
+    two_level: bool  # K-quant scales: fp16 per 256 inputs times 8 bits per group
+    fp16_scales: bool  # scale and minimum are fp16 values (the file's; Q4_0's -8 d unless it overflows)
+
+
+FORMS = {
+    GGMLQuantizationType.Q4_0: Form(32, has_min=True, four_bit=True, two_level=False, fp16_scales=True),
+    GGMLQuantizationType.Q4_1: Form(32, has_min=True, four_bit=True, two_level=False, fp16_scales=True),
+    GGMLQuantizationType.Q5_0: Form(32, has_min=False, four_bit=False, two_level=False, fp16_scales=True),
+    GGMLQuantizationType.Q5_1: Form(32, has_min=True, four_bit=False, two_level=False, fp16_scales=True),
+    GGMLQuantizationType.Q8_0: Form(32, has_min=False, four_bit=False, two_level=False, fp16_scales=True),
+    GGMLQuantizationType.Q2_K: Form(16, has_min=True, four_bit=False, two_level=True, fp16_scales=False),
+    GGMLQuantizationType.Q3_K: Form(16, has_min=False, four_bit=False, two_level=True, fp16_scales=False),
+    GGMLQuantizationType.Q4_K: Form(32, has_min=True, four_bit=True, two_level=True, fp16_scales=False),
+    GGMLQuantizationType.Q5_K: Form(32, has_min=True, four_bit=False, two_level=True, fp16_scales=False),
+    GGMLQuantizationType.Q6_K: Form(16, has_min=False, four_bit=False, two_level=True, fp16_scales=False),
+}
+ROUNDED_FORM = Form(32, has_min=False, four_bit=False, two_level=False, fp16_scales=False)  # any other type
+
+
+def form(tensor_type: GGMLQuantizationType) -> Form:
+    return FORMS.get(tensor_type, ROUNDED_FORM)
 
 
 # type -> (decoder of [n_blocks, type_size] bytes, group)

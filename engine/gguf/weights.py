@@ -21,15 +21,27 @@ import logging
 import mmap
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 
-from infer.engine.gguf.quants import EXACT_TYPES, Grouped, decode, float_tensor, is_float
+from infer.engine.gguf.quants import EXACT_TYPES, Grouped, decode, float_tensor, form, is_float
 from infer.engine.models import CausalLM, Linear, Target, checkpoint_target
-from infer.kernels import PackedWeight, SuperScales, pack_int4, pack_int4_super, pack_int8g, pack_int8g_super
+from infer.kernels import (
+    BlockPlan,
+    BlockRows,
+    PackedWeight,
+    Scales,
+    SuperScales,
+    pack_ggml_blocks,
+    pack_int4,
+    pack_int4_super,
+    pack_int8g,
+    pack_int8g_super,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +143,10 @@ class _Part:
     tensor: FileTensor
     heads: int | None  # rows to un-permute with this many heads (llama q/k), else None
 
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.tensor.shape[:-1]))
+
     def as_float(self) -> np.ndarray:
         w = self.tensor.as_float()
         return w if self.heads is None else _unpermute(w, self.heads)
@@ -146,30 +162,39 @@ class _Part:
         )  # fmt: skip
 
 
-def pack_grouped(parts: Sequence[Grouped]) -> PackedWeight:
-    """Row blocks of one weight (q, k, v; gate, up) in one packed format, exactly: int4 when every part is 4-bit
-    in groups of 32, else the 8-bit grouped format at the finest group of the parts. Scales are stored the
-    K-quant way (fp16 per 256 inputs times 8 bits per group) where every part is a K-quant, as fp16 where every
-    part's scales are fp16 values, else as fp32."""
-    is_4bit = all(p.is_4bit for p in parts)  # NOTE: a scan of every code: once
-    group = 32 if is_4bit else min(p.group for p in parts)
-    sup = _super_scales(parts, group)
-    if is_4bit:
+def block_plan(types: Sequence[GGMLQuantizationType], cols: int) -> BlockPlan:
+    """How row blocks of one weight (q, k, v; gate, up) of these types are packed, exactly, from the types alone:
+    int4 when every part is 4-bit in groups of 32, else the 8-bit grouped format at the finest group of the parts;
+    scales stored the K-quant way (fp16 per 256 inputs times 8 bits per group) where every part is a K-quant, as
+    fp16 where every part's are fp16 values, else as fp32."""
+    forms = [form(t) for t in types]
+    int4 = all(f.four_bit for f in forms)
+    two_level = all(f.two_level for f in forms) and cols % SUPER_BLOCK == 0
+    scales: Scales = "two_level" if two_level else "fp16" if all(f.fp16_scales for f in forms) else "fp32"
+    return BlockPlan(
+        int4, 32 if int4 else min(f.group for f in forms), scales, int4 or any(f.has_min for f in forms)
+    )  # fmt: skip
+
+
+def pack_grouped(parts: Sequence[Grouped], plan: BlockPlan) -> PackedWeight:
+    """Decoded row blocks of one weight packed per `plan` (`block_plan` of their types): the reference of
+    `pack_ggml_blocks`, and the path for types it does not read (rounded ones) or where it is not built."""
+    sup = _super_scales(parts, plan.group) if plan.scales == "two_level" else None
+    if plan.scales == "two_level" and sup is None:
+        raise ValueError("two-level scales need K-quants in every part")
+    dtype = torch.float16 if plan.scales == "fp16" else torch.float32
+    if plan.int4:
         codes = torch.from_numpy(_joined([p.codes for p in parts]).view(np.uint8))
         if sup is not None:
             return pack_int4_super(codes, sup)
-        d, m = _per_group(parts, group)
+        d, m = _per_group(parts, plan.group)
         assert m is not None
-        return pack_int4(codes, d, m, _scale_dtype(parts))
+        return pack_int4(codes, d, m, dtype)
     codes8 = torch.from_numpy(_joined([p.codes for p in parts]))
     if sup is not None:
-        return pack_int8g_super(codes8, sup, group)
-    d, m = _per_group(parts, group)
-    return pack_int8g(codes8, d, m, group, _scale_dtype(parts))
-
-
-def _scale_dtype(parts: Sequence[Grouped]) -> torch.dtype:
-    return torch.float16 if all(p.scales_fit_fp16 for p in parts) else torch.float32
+        return pack_int8g_super(codes8, sup, plan.group)
+    d, m = _per_group(parts, plan.group)
+    return pack_int8g(codes8, d, m, plan.group, dtype)
 
 
 def _per_group(parts: Sequence[Grouped], group: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -228,14 +253,44 @@ def _fill_float(param: torch.Tensor, parts: Sequence[_Part]) -> None:
 
 
 def _pack(parts: Sequence[_Part], shape: tuple[int, ...]) -> PackedWeight:
-    grouped = [p.grouped() for p in sorted(parts, key=lambda p: p.target.row_start)]
-    rows = sum(g.shape[0] for g in grouped)
-    for p, g in zip(parts, grouped, strict=True):
-        if g.shape[1] != shape[1]:
-            raise GGUFWeightError(f"tensor {p.tensor.name!r} has {g.shape[1]} columns, expected {shape[1]}")
+    ordered = sorted(parts, key=lambda p: p.target.row_start)
+    names = ", ".join(p.tensor.name for p in ordered)
+    for p in ordered:
+        if p.tensor.shape[-1] != shape[1]:
+            raise GGUFWeightError(f"tensor {p.tensor.name!r} has {p.tensor.shape[-1]} columns, expected {shape[1]}")
+    rows = sum(p.rows for p in ordered)
     if rows != shape[0]:
-        raise GGUFWeightError(f"{', '.join(p.tensor.name for p in parts)}: {rows} rows, expected {shape[0]}")
-    return pack_grouped(grouped)
+        raise GGUFWeightError(f"{names}: {rows} rows, expected {shape[0]}")
+    plan = block_plan([p.tensor.tensor_type for p in ordered], shape[1])
+    try:
+        try:
+            return _pack_with(ordered, plan)
+        except ValueError:
+            if plan.scales != "fp16":
+                raise
+            return _pack_with(ordered, replace(plan, scales="fp32"))  # NOTE: Q4_0's -8 d beyond fp16's range
+    except ValueError as e:
+        raise GGUFWeightError(f"{names}: {e}") from None
+
+
+def _pack_with(parts: Sequence[_Part], plan: BlockPlan) -> PackedWeight:
+    """Straight from the file's blocks where the compiled packer reads every part's type, else decoded first."""
+    if all(p.tensor.tensor_type in EXACT_TYPES for p in parts):
+        blocks = [BlockRows(p.tensor.data, int(p.tensor.tensor_type)) for p in parts]
+        packed = pack_ggml_blocks(blocks, _row_order(parts), parts[0].tensor.shape[-1], plan)
+        if packed is not None:
+            return packed
+    return pack_grouped([p.grouped() for p in parts], plan)
+
+
+def _row_order(parts: Sequence[_Part]) -> np.ndarray:
+    """Output row -> row of the parts stacked: each part's rows in turn, llama's q/k rows un-permuted."""
+    orders, start = [], 0
+    for p in parts:
+        local = np.arange(start, start + p.rows, dtype=np.int64)
+        orders.append(local if p.heads is None else _unpermute(local, p.heads))
+        start += p.rows
+    return np.concatenate(orders)
 
 
 def _collect(model: CausalLM, arch: str, tensors: Sequence[FileTensor]) -> dict[str, list[_Part]]:

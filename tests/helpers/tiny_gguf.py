@@ -137,3 +137,27 @@ def _add_vocab(writer: object) -> None:
     w.add_eos_token_id(VOCAB - 1)  # type: ignore[attr-defined]
     w.add_bos_token_id(VOCAB - 1)  # type: ignore[attr-defined]
     w.add_add_bos_token(False)  # type: ignore[attr-defined]
+
+
+# byte offsets of each type's fp16 scales inside its block: random bytes there could be inf or NaN
+FP16_FIELDS = {
+    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
+}  # fmt: skip
+
+
+def random_blocks(qtype: object, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """[rows, bytes per row] uint8 of ggml type `qtype` (a GGMLQuantizationType): random blocks (every code and
+    sub-block scale pattern) whose fp16 scales are finite, of either sign, some tiny."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    assert isinstance(qtype, GGMLQuantizationType)
+    rng = np.random.default_rng(seed)
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
+    for offset in FP16_FIELDS[qtype.name]:
+        scales = (rng.standard_normal(blocks.shape[0]) * 10.0 ** rng.integers(-6, 1, blocks.shape[0])).astype(
+            np.float16
+        )
+        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)

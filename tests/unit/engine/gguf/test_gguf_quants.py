@@ -6,30 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from infer.engine.gguf.quants import EXACT_TYPES, decode
+from infer.engine.gguf.quants import EXACT_TYPES, decode, form
+from tests.helpers.tiny_gguf import random_blocks
 
 T = GGMLQuantizationType
-# byte offsets of each type's fp16 scales inside its block: random bytes there could be inf or NaN
-FP16_FIELDS = {
-    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
-    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_NL: (0,),
-}  # fmt: skip
-
-
-def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """[rows, bytes per row] uint8: random blocks whose fp16 scales are finite, of either sign, some tiny."""
-    rng = np.random.default_rng(seed)
-    block_size, type_size = GGML_QUANT_SIZES[qtype]
-    blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
-    for offset in FP16_FIELDS[qtype]:
-        scales = (rng.standard_normal(blocks.shape[0]) * 10.0 ** rng.integers(-6, 1, blocks.shape[0])).astype(
-            np.float16
-        )
-        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(rows, -1)
 
 
 @pytest.mark.parametrize("qtype", sorted(EXACT_TYPES, key=lambda t: t.name), ids=lambda t: t.name)
@@ -46,23 +29,18 @@ def test_grouped_form_dequantizes_to_the_files_values_bit_for_bit(qtype: GGMLQua
         assert ours.view(np.uint32).tolist() == expected.view(np.uint32).tolist()
 
 
-@pytest.mark.parametrize(
-    ("qtype", "group", "is_4bit", "symmetric"),
-    [(T.Q4_0, 32, True, False), (T.Q4_1, 32, True, False), (T.Q4_K, 32, True, False), (T.Q5_0, 32, False, True),
-     (T.Q5_K, 32, False, False), (T.Q6_K, 16, False, True), (T.Q8_0, 32, False, True), (T.Q3_K, 16, False, True)],
-    ids=lambda v: getattr(v, "name", str(v)),
-)  # fmt: skip
-def test_each_type_lands_on_its_group_and_code_range(
-    qtype: GGMLQuantizationType, group: int, is_4bit: bool, symmetric: bool
-) -> None:
-    grouped = decode(random_blocks(qtype, 2, 256), qtype, 2, 256)
-    assert (grouped.group, grouped.is_4bit, grouped.minimum is None) == (group, is_4bit, symmetric)
-
-
-def test_fp16_scales_are_recognised_and_folded_k_scales_are_not() -> None:
-    assert decode(random_blocks(T.Q4_1, 2, 64), T.Q4_1, 2, 64).scales_fit_fp16
-    # d (fp16, 11 bits) times a 6-bit sub-block scale needs up to 17 bits
-    assert not decode(random_blocks(T.Q4_K, 64, 256), T.Q4_K, 64, 256).scales_fit_fp16
+@pytest.mark.parametrize("qtype", sorted(EXACT_TYPES, key=lambda t: t.name), ids=lambda t: t.name)
+def test_each_types_form_is_what_its_blocks_decode_to(qtype: GGMLQuantizationType) -> None:
+    """The type table that packing decides by (`FORMS`: group, minimums, 4-bit codes, two-level and fp16 scales)
+    against the decoded blocks: every code and scale pattern of random blocks stays inside what it promises."""
+    f = form(qtype)
+    grouped = decode(random_blocks(qtype, 64, 256), qtype, 64, 256)
+    assert (grouped.group, grouped.minimum is not None, grouped.super is not None) == (f.group, f.has_min, f.two_level)
+    codes = grouped.codes
+    assert (int(codes.min()) >= 0 and int(codes.max()) <= 15 and f.group == 32) == f.four_bit
+    fp16_exact = all(np.array_equal(t.astype(np.float16).astype(np.float32), t)
+                     for t in (grouped.scale, grouped.minimum) if t is not None)  # fmt: skip
+    assert fp16_exact == f.fp16_scales  # NOTE: a K-quant's d (11 bits) times a 6-bit sc needs up to 17 bits
 
 
 def test_a_type_with_no_grouped_form_is_rounded_to_int8_groups() -> None:

@@ -1,0 +1,110 @@
+"""The compiled packer (ggml blocks straight into int4 / int8g) against its oracle, the blocks decoded into codes
+and scales and packed by `pack_int4*` / `pack_int8g*`: the same bytes, for every type the packer reads, alone and
+in the mixes a fused q/k/v or gate/up meets, with each part's rows in any order and counts that leave a strip
+partly filled."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from infer.engine.gguf.quants import EXACT_TYPES, Grouped, decode
+from infer.engine.gguf.weights import block_plan, pack_grouped
+from infer.kernels import BlockPlan, BlockRows, PackedWeight, pack_ggml_blocks
+from tests.helpers.compiled import require_compiled_kernels
+from tests.helpers.tiny_gguf import random_blocks
+
+T = GGMLQuantizationType
+COLS = 512
+MIXES = [
+    (T.Q4_K, T.Q4_K, T.Q6_K),  # Qwen2.5 Q4_K_M's q, k, v: int8g, two-level, groups of 16 with minimums
+    (T.Q5_0, T.Q5_0, T.Q8_0),  # Gemma 3 / Qwen2.5 0.5B: int8g, fp16 scales
+    (T.Q4_0, T.Q4_1, T.Q4_K),  # int4 whose parts' scales are not all two-level: fp32
+    (T.Q4_0, T.Q4_1),  # int4, fp16
+    (T.Q5_1, T.Q8_0, T.Q5_K),  # int8g groups of 32, fp32, minimums beside symmetric parts
+    (T.Q2_K, T.Q3_K, T.Q5_K),  # int8g two-level, groups of 16, minimums beside a symmetric part
+]
+
+
+@pytest.fixture(autouse=True)
+def _compiled() -> None:
+    require_compiled_kernels()
+
+
+def _rows(g: Grouped, index: np.ndarray) -> Grouped:
+    sup = None if g.super is None else g.super.rows(index)
+    minimum = None if g.minimum is None else g.minimum[index]
+    return Grouped(g.codes[index], g.scale[index], minimum, g.group, g.exact, sup)
+
+
+def _both_ways(
+    types: tuple[GGMLQuantizationType, ...], rows: tuple[int, ...], seed: int = 0, plan: BlockPlan | None = None
+) -> tuple[PackedWeight, PackedWeight]:
+    """(compiled, oracle) for parts of these types and row counts, each part's rows in a random order."""
+    rng = np.random.default_rng(seed)
+    blocks = [random_blocks(t, n, COLS, seed=seed + i) for i, (t, n) in enumerate(zip(types, rows, strict=True))]
+    plan = plan or block_plan(types, COLS)
+    orders = [rng.permutation(n) for n in rows]
+    starts = np.cumsum((0, *rows))[:-1]
+    order = np.concatenate([o + s for o, s in zip(orders, starts, strict=True)])
+    compiled = pack_ggml_blocks([BlockRows(b, int(t)) for b, t in zip(blocks, types, strict=True)], order, COLS, plan)
+    assert compiled is not None
+    decoded = [_rows(decode(b, t, n, COLS), o) for b, t, n, o in zip(blocks, types, rows, orders, strict=True)]
+    return compiled, pack_grouped(decoded, plan)
+
+
+def _assert_same(compiled: PackedWeight, oracle: PackedWeight) -> None:
+    assert type(compiled) is type(oracle)
+    assert vars(compiled).keys() == vars(oracle).keys()
+    for name, value in vars(oracle).items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(vars(compiled)[name], value), name
+        else:
+            assert vars(compiled)[name] == value, name
+
+
+@pytest.mark.parametrize("qtype", sorted(EXACT_TYPES, key=lambda t: t.name), ids=lambda t: t.name)
+def test_each_type_packs_to_the_oracles_bytes(qtype: GGMLQuantizationType) -> None:
+    _assert_same(*_both_ways((qtype,), (37,)))
+
+
+@pytest.mark.parametrize("types", MIXES, ids=lambda ts: "+".join(t.name for t in ts))
+def test_mixed_parts_pack_to_the_oracles_bytes(types: tuple[GGMLQuantizationType, ...]) -> None:
+    _assert_same(*_both_ways(types, tuple(16 * (i + 1) + 3 * i for i in range(len(types))), seed=7))
+
+
+def test_a_plan_may_store_fp16_values_as_fp32() -> None:
+    plan = BlockPlan(int4=True, group=32, scales="fp32", has_min=True)
+    compiled, oracle = _both_ways((T.Q4_1,), (20,), plan=plan)
+    _assert_same(compiled, oracle)
+    assert compiled.packed.shape[2] == 384  # fp32 d and m: 256 bytes of nibbles + 2 x 16 x 4
+
+
+def test_the_packed_weight_is_the_decoded_one() -> None:
+    """Not only the oracle's bytes: the values the packed weight represents are the file's."""
+    blocks = random_blocks(T.Q4_K, 24, COLS, seed=3)
+    packed = pack_ggml_blocks([BlockRows(blocks, int(T.Q4_K))], np.arange(24), COLS, block_plan((T.Q4_K,), COLS))
+    assert packed is not None
+    assert torch.equal(packed.dequantize(), torch.from_numpy(decode(blocks, T.Q4_K, 24, COLS).dequantize()))
+
+
+def test_scales_a_plan_cannot_store_are_refused() -> None:
+    blocks = random_blocks(T.Q4_0, 16, COLS)
+    blocks[3, :2] = np.array([np.float16(60000.0)]).view(np.uint8)  # d fits fp16, m = -8 d does not
+    fp16 = BlockPlan(int4=True, group=32, scales="fp16", has_min=True)
+    with pytest.raises(ValueError, match="fp16"):
+        pack_ggml_blocks([BlockRows(blocks, int(T.Q4_0))], np.arange(16), COLS, fp16)
+    blocks[5, :2] = np.array([np.float16(np.inf)]).view(np.uint8)
+    fp32 = BlockPlan(int4=True, group=32, scales="fp32", has_min=True)
+    with pytest.raises(ValueError, match="not finite"):
+        pack_ggml_blocks([BlockRows(blocks, int(T.Q4_0))], np.arange(16), COLS, fp32)
+
+
+def test_blocks_that_do_not_fit_the_plan_are_refused() -> None:
+    blocks = random_blocks(T.Q6_K, 16, COLS)
+    with pytest.raises(ValueError, match="groups of 16 cannot be read at groups of 32"):
+        pack_ggml_blocks([BlockRows(blocks, int(T.Q6_K))], np.arange(16), COLS, BlockPlan(False, 32, "fp32", False))
+    with pytest.raises(ValueError, match="order out of range"):
+        pack_ggml_blocks([BlockRows(blocks, int(T.Q6_K))], np.arange(17), COLS, block_plan((T.Q6_K,), COLS))
