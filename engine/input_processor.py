@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from infer.engine.sampling_params import SamplingParams
+from infer.engine.structured import Constraint
 from infer.engine.structured_tool_parsers import ToolCallParser
 from infer.engine.structured_tools import Tool, ToolChoice, ToolChoiceMode, ToolUse
 from infer.engine.tokenizer import Tokenizer
@@ -83,6 +84,14 @@ class ProcessedInput:
     def parser(self) -> ToolCallParser | None:
         """A new parser of the output's tool calls; None when the output is plain text."""
         return self.tool_use.parser() if self.tool_use is not None else None
+
+    @property
+    def constraints(self) -> list[tuple[str | None, Constraint]]:
+        """What must compile before the request runs: every tool's parameters (named `tools[i].parameters`),
+        whatever the tool_choice, then the output's constraint (None: `constraint_error` names it)."""
+        tools = self.tool_use.tool_constraints if self.tool_use is not None else []
+        own = [(None, self.params.constraint)] if self.params.constraint is not None else []
+        return [*tools, *own]
 
     def constraint_error(self, error: InvalidInput) -> InvalidInput:
         """A constraint that does not compile, named after the field that asked for it."""

@@ -60,15 +60,17 @@ TYPES = frozenset({"string", "number", "integer", "boolean", "null", "array", "o
 
 def check_schema(schema: Any, field: str) -> None:
     """InvalidInput naming `field`, the keyword and its place when the schema asks for what would not be
-    enforced."""
+    enforced (`does not compile: #/properties/a: not is not enforced ...`)."""
     for path, node in _nodes(schema, field):
         message = _problem(node, path == "#")
         if message is not None:
-            raise InvalidInput(field, f"{path}: {message}")
+            raise InvalidInput(field, f"does not compile: {path}: {message}")
     for path, node in _nodes(schema, field):
         if isinstance(node.get("oneOf"), list) and not _disjoint(schema, node["oneOf"]):
             message = "oneOf is enforced only when no value can match two of its schemas (different types, "
-            raise InvalidInput(field, f"{path}: {message}or a required property of different const values)")
+            raise InvalidInput(
+                field, f"does not compile: {path}: {message}or a required property of different const values)"
+            )
 
 
 def _nodes(schema: Any, field: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -79,7 +81,7 @@ def _nodes(schema: Any, field: str) -> Iterator[tuple[str, dict[str, Any]]]:
         if isinstance(node, bool):
             continue
         if not isinstance(node, dict):
-            raise InvalidInput(field, f"{path}: a schema must be an object or a boolean")
+            raise InvalidInput(field, f"does not compile: {path}: a schema must be an object or a boolean")
         yield path, node
         for key, child in _children(node):
             stack.append((f"{path}/{key}", child))

@@ -71,6 +71,15 @@ class Tool:
             except (ValueError, RecursionError) as e:
                 raise InvalidInput("parameters", f"not valid JSON: {e}") from None
             check("parameters", isinstance(schema, dict), "must be a JSON object (a JSON schema)")
+            try:  # every tool_choice: what a call's arguments follow is what the schema says
+                self.constraint  # noqa: B018
+            except InvalidInput as e:
+                raise e.renamed("parameters") from None
+
+    @property
+    def constraint(self) -> Constraint:
+        """Its arguments: a JSON object of its schema (what a call of it is compiled to)."""
+        return Constraint.json_schema(self.schema)
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -137,6 +146,11 @@ class ToolUse:
     def constraint(self) -> Constraint | None:
         return tool_constraint(self.tools, self.choice, self.parallel)
 
+    @property
+    def tool_constraints(self) -> list[tuple[str, Constraint]]:
+        """(`tools[i].parameters`, its constraint) of every tool: each compiles, whatever the tool_choice."""
+        return [(f"tools[{i}].parameters", t.constraint) for i, t in enumerate(self.tools)]
+
     def parser(self) -> ToolCallParser | None:
         """A new parser for one output; None when the output is plain text (no tools, or tool_choice none)."""
         return tool_call_parser(self.format, self.tools, self.choice)
@@ -165,8 +179,7 @@ def tool_constraint(tools: Sequence[Tool], choice: ToolChoice, parallel: bool = 
     """A named function: its arguments (a JSON object of its schema). Required: a JSON list of calls,
     `[{"name": ..., "arguments": {...}}, ...]` (one call when `parallel` is off). Else None."""
     if choice.mode is ToolChoiceMode.FUNCTION:
-        tool = next(t for t in tools if t.name == choice.function)
-        return Constraint.json_schema(tool.schema)
+        return next(t for t in tools if t.name == choice.function).constraint
     if choice.mode is not ToolChoiceMode.REQUIRED:
         return None
     calls = [

@@ -167,15 +167,14 @@ def _parsing(request_type: type[Message], handler: Handler) -> Handler:
 
 
 async def _compiled(engine: EngineClient, processed: ProcessedInput) -> None:
-    """Wait for the constraint to compile (off the event loop; cached for the engine); InvalidInput names the
-    field that asked for it when it does not."""
-    constraint = processed.params.constraint
-    if constraint is None:
-        return
-    try:
-        await engine.compile_constraint(constraint)
-    except InvalidInput as e:
-        raise processed.constraint_error(e) from None
+    """Wait for the constraints to compile (off the event loop; cached for the engine): every tool's
+    parameters, whatever the tool_choice, and the output's; InvalidInput names the field that asked for the
+    one that does not."""
+    for field, constraint in processed.constraints:
+        try:
+            await engine.compile_constraint(constraint)
+        except InvalidInput as e:
+            raise (processed.constraint_error(e) if field is None else e.renamed(field)) from None
 
 
 def _admit_by_deadline(engine: EngineClient, num_prompt_tokens: int, time_remaining_s: float | None) -> None:

@@ -121,6 +121,31 @@ def test_tool_errors_name_the_field(fake_stub: pb_grpc.InferenceServiceStub) -> 
     assert invalid_argument(stub, both).startswith("tool_choice: required constrains the output")
 
 
+@pytest.mark.parametrize(
+    "choice",
+    [pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_AUTO), pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_NONE),
+     pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_REQUIRED), pb.ToolChoice(function="get_weather"),
+     pb.ToolChoice(function="f")],
+    ids=["auto", "none", "required", "named-other", "named-it"],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [({"type": "objekt"}, "does not compile: Unsupported type"),
+     ({"type": "object", "properties": {"a": {"not": {}}}}, "does not compile: #/properties/a: not is not enforced"),
+     ({"$ref": "http://169.254.169.254/s"}, "does not compile: #: $ref 'http://169.254.169.254/s' is a remote")],
+    ids=["unsupported-type", "not", "remote-ref"],
+)  # fmt: skip
+def test_every_tools_parameters_are_checked_whatever_the_tool_choice(
+    fake_server: ServerThread, fake_stub: pb_grpc.InferenceServiceStub, choice: pb.ToolChoice,
+    parameters: dict[str, Any], message: str,
+) -> None:  # fmt: skip
+    tools = [WEATHER, pb.Tool(name="f", parameters=json.dumps(parameters))]
+    request = pb.GenerateRequest(messages=chat("Weather in Paris?"), tools=tools, tool_choice=choice,
+                                 sampling=pb.SamplingParams(max_tokens=2))  # fmt: skip
+    assert invalid_argument(fake_stub, request).startswith(f"tools[1].parameters: {message}")
+    fake_server.wait_idle()
+
+
 def calls_of(responses: list[pb.GenerateResponse]) -> list[tuple[str, str, dict[str, object]]]:
     """(id, name, arguments) per call, merged from the deltas."""
     merged: dict[int, list[str]] = {}

@@ -140,6 +140,18 @@ def test_a_named_tool_constrains_the_output(roomy: InputProcessor) -> None:
     assert str(regex_error) == "sampling.regex: does not compile: x"
 
 
+@pytest.mark.parametrize("mode", list(ToolChoiceMode))
+def test_every_tools_parameters_compile_whatever_the_tool_choice(roomy: InputProcessor, mode: ToolChoiceMode) -> None:
+    time = Tool("get_time", parameters='{"type": "object", "properties": {"tz": {"type": "string"}}}')
+    choice = ToolChoice(mode, "get_time" if mode is ToolChoiceMode.FUNCTION else "")
+    processed = roomy.process(Prompt(messages=USER, tools=[WEATHER, time], tool_choice=choice), SamplingParams())
+    fields = [field for field, _ in processed.constraints]
+    assert fields[:2] == ["tools[0].parameters", "tools[1].parameters"]
+    assert [c for _, c in processed.constraints][:2] == [WEATHER.constraint, time.constraint]
+    assert fields[2:] == ([None] if mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.FUNCTION) else [])
+    assert roomy.process(Prompt(messages=USER), SamplingParams()).constraints == []
+
+
 def test_a_tool_constraint_and_a_sampling_constraint_conflict(roomy: InputProcessor) -> None:
     processor = roomy
     prompt = Prompt(messages=USER, tools=[WEATHER], tool_choice=ToolChoice(ToolChoiceMode.REQUIRED))

@@ -153,7 +153,7 @@ REFUSED = [
 
 @pytest.mark.parametrize(("schema", "message"), REFUSED)
 def test_a_keyword_that_would_not_be_enforced_is_refused_by_name(schema: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=r"^json_schema: ") as refused:
+    with pytest.raises(ValueError, match=r"^json_schema: does not compile: #") as refused:
         Constraint.json_schema(schema)
     assert message in str(refused.value)
 
@@ -163,7 +163,7 @@ def test_a_deep_schema_is_checked_without_recursion() -> None:
     for _ in range(5000):
         schema = {"type": "array", "items": schema}
     check_schema(schema, "json_schema")
-    with pytest.raises(ValueError, match=r"^json_schema: #/items/items: not is not enforced"):
+    with pytest.raises(ValueError, match=r"^json_schema: does not compile: #/items/items: not is not"):
         check_schema({"type": "array", "items": {"type": "array", "items": {"not": schema}}}, "json_schema")
 
 

@@ -65,6 +65,10 @@ def test_tools_are_checked() -> None:
         Tool("f", parameters="{")
     with pytest.raises(ValueError, match=r"^parameters: must be a JSON object"):
         Tool("f", parameters="[]")
+    with pytest.raises(ValueError, match=r"^parameters: does not compile: #/properties/a: not is not enforced"):
+        Tool("f", parameters=json.dumps({"type": "object", "properties": {"a": {"not": {"type": "integer"}}}}))
+    with pytest.raises(ValueError, match=r"^parameters: does not compile: #: \$ref 'https://x.org/s' is a remote"):
+        Tool("f", parameters=json.dumps({"$ref": "https://x.org/s"}))
     with pytest.raises(ValueError, match=r"^tools: names must be unique"):
         check_tools([TIME, TIME], ToolChoice())
     with pytest.raises(ValueError, match=rf"^tools: at most {MAX_TOOLS}"):
