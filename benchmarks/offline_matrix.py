@@ -31,7 +31,7 @@ from bench_matrix import (
     variants,
 )
 from serving_peers import PEER_SLOTS, drive
-from serving_servers import LLAMA_SERVER, Running, llama_server
+from serving_servers import LLAMA_SERVER, Running, llama_server, repack_probe
 
 from infer import LLM, SamplingParams
 from infer.clients.bench.workloads import RequestSpec, Workload
@@ -92,11 +92,10 @@ def _maybe_llama(enabled: bool, context_tokens: int) -> Iterator[Running | None]
     if not enabled:
         yield None
         return
-    with (
-        tempfile.TemporaryDirectory(prefix="infer-offline-") as tmp,
-        llama_server(PEER_SLOTS, context_tokens, 2, Path(tmp)) as server,
-    ):
-        yield server
+    with tempfile.TemporaryDirectory(prefix="infer-offline-") as tmp:
+        log_dir = Path(tmp)
+        with llama_server(PEER_SLOTS, context_tokens, 2, log_dir, flags=repack_probe(log_dir).flags) as server:
+            yield server
 
 
 def run_matrix(model_dir: Path, tokenizer: Any, names: Sequence[str], rounds: int, work: MatrixWork,
@@ -112,6 +111,9 @@ def run_matrix(model_dir: Path, tokenizer: Any, names: Sequence[str], rounds: in
     llama = with_llama and LLAMA_SERVER.exists()
     if with_llama and not llama:
         notes.append(f"llama-server skipped: {LLAMA_SERVER} not found (`make peers` builds it)")
+    if llama:
+        with tempfile.TemporaryDirectory(prefix="infer-offline-") as tmp:
+            notes += repack_probe(Path(tmp)).notes()
     systems = [v.name for v in vs] + ([LLAMA] if llama else [])
     results: list[Round] = []
     context_tokens = PEER_SLOTS * (longest + 8)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_matrix import precisions
-from serving_servers import LLAMA_SERVER, llama_server
+from serving_servers import LLAMA_SERVER, llama_server, repack_probe
 
 from infer import LLM, SamplingParams
 from infer.clients.bench.load import LoadPlan, run_load
@@ -49,30 +49,31 @@ def bench_llama(
     prompts: list[list[int]], max_new: list[int], slots: int, batch1_prompt: list[int], batch1_new: int
 ) -> dict[str, Any]:
     """llama-server's output tok/s over the workload with `slots` streams at once, and its batch-1 decode
-    tok/s (1 / mean time per output token after the first); {"skipped": why} when it is not built."""
+    tok/s (1 / mean time per output token after the first), with the flags its repack probe chose and why;
+    {"skipped": why} when it is not built."""
     if not LLAMA_SERVER.exists():
         return {"skipped": f"{LLAMA_SERVER} not found (`make peers` builds it)"}
     context = slots * (max(len(p) for p in prompts) + max(max_new) + 8)
     specs = tuple(RequestSpec(tuple(p), n) for p, n in zip(prompts, max_new, strict=True))
     work = BenchWorkload("offline", "the offline workload", specs)
     one = BenchWorkload("batch1", "one request", (RequestSpec(tuple(batch1_prompt), batch1_new),))
-    with (
-        tempfile.TemporaryDirectory(prefix="infer-offline-") as tmp,
-        llama_server(slots, context, 2, Path(tmp)) as server,
-    ):
+    with tempfile.TemporaryDirectory(prefix="infer-offline-") as tmp:
+        probe = repack_probe(Path(tmp))
+        with llama_server(slots, context, 2, Path(tmp), flags=probe.flags) as server:
 
-        async def drive() -> tuple[float, float]:
-            target = make_target("completions", server.http, None, {"cache_prompt": False})
-            try:
-                await run_load(target, one, LoadPlan(concurrency=1, progress=False))  # warm-up
-                start = time.perf_counter()
-                results = await run_load(target, work, LoadPlan(concurrency=slots, progress=False))
-                elapsed = time.perf_counter() - start
-                assert all(r.ok for r in results), [r.status for r in results if not r.ok]
-                single = summarize(await run_load(target, one, LoadPlan(concurrency=1, progress=False)))
-                return sum(r.output_tokens for r in results) / elapsed, 1 / single.tpot_s.mean
-            finally:
-                await target.close()
+            async def drive() -> tuple[float, float]:
+                target = make_target("completions", server.http, None, {"cache_prompt": False})
+                try:
+                    await run_load(target, one, LoadPlan(concurrency=1, progress=False))  # warm-up
+                    start = time.perf_counter()
+                    results = await run_load(target, work, LoadPlan(concurrency=slots, progress=False))
+                    elapsed = time.perf_counter() - start
+                    assert all(r.ok for r in results), [r.status for r in results if not r.ok]
+                    single = summarize(await run_load(target, one, LoadPlan(concurrency=1, progress=False)))
+                    return sum(r.output_tokens for r in results) / elapsed, 1 / single.tpot_s.mean
+                finally:
+                    await target.close()
 
-        tok_s, batch1 = asyncio.run(drive())
-    return {"tok_s": tok_s, "batch1_decode_tok_s": batch1, "slots": slots}
+            tok_s, batch1 = asyncio.run(drive())
+    return {"tok_s": tok_s, "batch1_decode_tok_s": batch1, "slots": slots, "flags": list(probe.flags),
+            "notes": probe.notes()}  # fmt: skip

@@ -28,7 +28,7 @@ from bench_matrix import (
     precisions,
     variants,
 )
-from serving_servers import LLAMA_SERVER, Running, infer_server, llama_server
+from serving_servers import LLAMA_SERVER, Running, infer_server, llama_server, repack_probe
 
 from infer.clients.bench.load import LoadPlan, run_load
 from infer.clients.bench.metrics import Summary, summarize
@@ -98,7 +98,7 @@ def infer_flags(variant: Variant, opts: PeerOptions, context_tokens: int) -> tup
 @contextlib.contextmanager
 def _server(name: str, opts: PeerOptions, context_tokens: int, log_dir: Path) -> Iterator[Running]:
     if name == LLAMA:
-        with llama_server(PEER_SLOTS, context_tokens, 2, log_dir) as running:
+        with llama_server(PEER_SLOTS, context_tokens, 2, log_dir, flags=repack_probe(log_dir).flags) as running:
             yield running
         return
     variant = next(v for v in variants(opts.precisions, opts.speculation) if v.name == name)
@@ -114,6 +114,7 @@ def run_peers(opts: PeerOptions, log_dir: Path) -> dict[str, Any]:
     notes = []
     if opts.with_llama and LLAMA_SERVER.exists():
         systems.append(LLAMA)
+        notes += repack_probe(log_dir).notes()
     elif opts.with_llama:
         notes.append(f"llama-server skipped: {LLAMA_SERVER} not found (`make peers` builds it)")
     rounds: list[Round] = []
