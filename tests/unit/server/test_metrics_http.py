@@ -82,9 +82,9 @@ def test_past_the_bound_the_oldest_silent_connection_makes_room() -> None:
     with _serving(header_timeout_s=30, max_connections=2) as server:
         idle = [_connect(server) for _ in range(2)]  # NOTE: accepted in order: these two hold both slots
         wait_for(lambda: len(server._open) == 2)
-        with _connect(server) as extra:
+        with _connect(server):
             assert _read_until_closed(idle[0]) == b""  # long before the 30 s header timeout
-            assert _scrapes(server)  # closes idle[1] (or `extra`): both sent nothing
+            assert _scrapes(server)  # closes idle[1] (or the third): both sent nothing
         for sock in idle:
             sock.close()
 
