@@ -73,11 +73,11 @@ class StructuredOutputs:
     """The engine core's structured-output manager: compiles off the step thread, follows the requests whose
     grammar is compiling, and builds each step's bitmask for the constrained rows only."""
 
-    def __init__(self, compiler: GrammarCompiler, max_num_rows: int, on_compiled: Callable[[], None]) -> None:
+    def __init__(self, compiler: GrammarCompiler, num_rows: int, on_compiled: Callable[[], None]) -> None:
         self.compiler, self.on_compiled = compiler, on_compiled
-        self.max_num_rows = max_num_rows
+        self.num_rows = num_rows  # allocated at first; grown when a step samples more (drafts)
         self.pending: dict[str, Request] = {}  # their grammar is compiling, in arrival order
-        self._bits: torch.Tensor | None = None  # reused: [max_num_rows, ceil(vocab / 32)]
+        self._bits: torch.Tensor | None = None  # reused, grown to a step's rows: [num_rows, ceil(vocab / 32)]
         self._batch: xgr.BatchGrammarMatcher | None = None
 
     def grammar(self, constraint: Constraint) -> GrammarState:
@@ -117,15 +117,19 @@ class StructuredOutputs:
             concurrent.futures.wait(futures, timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def bitmask(self, requests: Sequence[Request]) -> TokenBitmask | None:
-        """This step's mask for the sampling rows (one per request, in order); None when none is constrained."""
+        """This step's mask for the sampling rows, a request per row in order (a request with drafts fills
+        several); None when none is constrained."""
         rows = [i for i, r in enumerate(requests) if r.grammar is not None and r.grammar.matcher is not None]
         if not rows:
             return None
         import xgrammar as xgr
 
-        if self._bits is None or self._batch is None:
-            self._bits = xgr.allocate_token_bitmask(self.max_num_rows, self.compiler.vocab_size)
+        if self._batch is None:
             self._batch = xgr.BatchGrammarMatcher()
+        # NOTE: a step samples a row per request plus one per draft token: with speculation, more than max_num_seqs
+        if self._bits is None or self._bits.shape[0] < len(requests):
+            num_rows = max(len(requests), self.num_rows)
+            self._bits = xgr.allocate_token_bitmask(num_rows, self.compiler.vocab_size)
         bits = self._bits[: len(requests)]
         matchers = [m for i in rows if (m := _matcher(requests[i])) is not None]
         self._batch.batch_fill_next_token_bitmask(matchers, bits, indices=rows)

@@ -253,3 +253,20 @@ def test_a_constrained_request_does_not_speculate_and_stays_valid() -> None:
     assert free.timings is not None and free.timings.num_draft_tokens > 0  # the batch beside it still speculates
     assert len(constrained.text) == 12 and set(constrained.text) <= set("abcdefghijklmnopqrstuvwxyz ")
     _ended_clean(spec)
+
+
+def test_drafting_requests_and_a_constrained_one_sample_more_rows_than_max_num_seqs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """max_num_seqs 4, 4 drafts each: three drafting requests and a constrained one sample 16 rows in a step."""
+    pytest.importorskip("xgrammar")
+    from infer.engine.structured import Constraint
+
+    _, spec, _ = _engines("right", max_num_seqs=4, speculative_max_num_seqs=4)
+    free = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    constrained = SamplingParams(max_tokens=40, temperature=0, constraint=Constraint.regex("[a-z ]{12}"))
+    outs = spec.generate([[5, 6], [5, 7], [5, 8], [5, 9]], [free, free, free, constrained])
+    assert all(o.timings is not None and o.timings.num_draft_tokens > 0 for o in outs[:3])
+    assert len(outs[3].text) == 12 and set(outs[3].text) <= set("abcdefghijklmnopqrstuvwxyz ")
+    assert "sampling failed" not in caplog.text  # one batch, not retried request by request
+    _ended_clean(spec)

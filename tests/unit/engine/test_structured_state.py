@@ -24,7 +24,7 @@ def tok() -> Tokenizer:
 def manager(tok: Tokenizer) -> StructuredOutputs:
     eos = tok.token_to_id("<|im_end|>")
     assert eos is not None
-    return StructuredOutputs(GrammarCompiler(tok, tok.vocab_size, [eos]), max_num_rows=8, on_compiled=lambda: None)
+    return StructuredOutputs(GrammarCompiler(tok, tok.vocab_size, [eos]), num_rows=8, on_compiled=lambda: None)
 
 
 def request(manager: StructuredOutputs, rid: str, constraint: Constraint | None) -> Request:
@@ -102,3 +102,15 @@ def test_a_padded_model_vocabulary_never_samples_past_the_tokenizer(tok: Tokeniz
     logits = torch.zeros(1, tok.vocab_size + 40)
     apply_bitmask(logits, mask)
     assert torch.isneginf(logits[0, tok.vocab_size :]).all()
+
+
+def test_the_bitmask_has_a_row_for_every_sampled_row_past_num_rows(tok: Tokenizer) -> None:
+    """With speculation a step samples one row per request plus one per draft: more rows than max_num_seqs."""
+    manager = StructuredOutputs(GrammarCompiler(tok, tok.vocab_size, [0]), num_rows=4, on_compiled=lambda: None)
+    free = request(manager, "free", None)
+    digits = request(manager, "digits", Constraint.regex("[0-9]+"))
+    manager.take_compiled()
+    mask = manager.bitmask([free] * 15 + [digits])  # three requests with 4 drafts each, then a constrained one
+    assert mask is not None and mask.rows == [15] and mask.bits.shape[0] == 16
+    assert all(tok.decode([t]).isdigit() for t in allowed(mask, 15, tok.vocab_size))
+    assert manager.bitmask([digits]) is not None  # a smaller step after a larger one
