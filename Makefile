@@ -133,9 +133,9 @@ bench-precision: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/precision.py
 
 # where a decode step's time goes: host vs kernel time, ops and fork/joins per layer (batch 1 and 16, fp32 and
-# int8, fused decoder stack vs per-op)
+# int8, fused decoder stack vs per-op); ARGS='--model FILE.gguf' profiles another model in its own bits
 profile-step: $(DEV_STAMP) kernels
-	$(BIN)/python benchmarks/profile_step.py
+	$(BIN)/python benchmarks/profile_step.py $(ARGS)
 
 # the image: `make image` (CPU, infer:<version>) or `make image DEVICE=cuda` (infer:<version>-cuda), built with
 # docker when its daemon answers, else podman. BASE_IMAGE=NAME: another base; TORCH_WHEELS=DIR: torch's CPU wheel

@@ -1,4 +1,5 @@
-"""Where a decode step's time goes, and how much of it is host work: the default model on the compiled CPU kernels.
+"""Where a decode step's time goes, and how much of it is host work: a model on the compiled CPU kernels (the
+default model, or `--model DIR|FILE.gguf`).
 
 For batch 1 and 16 (contexts of 256 tokens), fp32, int8 and int4 weights, the fused decoder stack and the unfused
 per-op path, in one run. A step is what the engine does for a decode step: `ModelRunner.execute` (prepare,
@@ -48,7 +49,7 @@ from infer.engine.sampling_params import SamplingParams
 OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "profile.md"
 CONTEXT = 256
 BATCHES = (1, 16)
-PRECISIONS = ("none", "int8", "int4")
+PRECISIONS = ("none", "int8", "int4", "auto")  # auto: a GGUF file's own bits
 # aten ops that only make views, change shapes or allocate: host work however long they take
 NOT_KERNELS = frozenset((
     "view", "reshape", "_reshape_alias", "slice", "select", "as_strided", "t", "transpose", "unsqueeze", "squeeze",
@@ -183,11 +184,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="threads the steps are timed on")
-    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, help="default: none int8 int4 (a GGUF: auto)")
+    ap.add_argument("--model", type=Path, help="a model directory or GGUF file (default: the default model)")
+    ap.add_argument("--out", type=Path, help="default: docs/benchmarks/profile.md (profile-<model>.md with --model)")
     args = ap.parse_args()
+    model_path = args.model or default_model_dir()
+    gguf = model_path.suffix == ".gguf"
+    args.precisions = args.precisions or (["auto"] if gguf else ["none", "int8", "int4"])
+    args.out = args.out or (OUT if args.model is None else OUT.with_name(f"profile-{model_path.stem}.md"))
     _preload_shim()
-    models = {q: load_model(default_model_dir(), EngineConfig(max_model_len=1024, quantization=q), kernels="cpu")
+    models = {q: load_model(model_path, EngineConfig(max_model_len=1024, quantization=q), kernels="cpu")
               for q in args.precisions}  # fmt: skip
     layers = next(iter(models.values())).cfg.num_layers
     results: dict[tuple[int, str, bool], Figures] = {}
@@ -200,14 +206,16 @@ def main() -> None:
                     results[batch, q, on] = f = measure(models[q], batch, args.steps, args.threads)
                 print(f"batch {batch} {q} {'fused' if on else 'per-op'}: {f.step_ms:.2f} ms/step, "
                       f"host {f.host_ms:.2f} ms ({f.host_unprofiled_ms:.2f} unprofiled)", flush=True)  # fmt: skip
-    args.out.write_text("\n".join(report(results, layers, args)) + "\n")
+    args.out.write_text("\n".join(report(results, layers, args, model_path.name)) + "\n")
 
 
-def report(results: dict[tuple[int, str, bool], Figures], layers: int, args: argparse.Namespace) -> list[str]:
+def report(
+    results: dict[tuple[int, str, bool], Figures], layers: int, args: argparse.Namespace, model: str
+) -> list[str]:
     lines = [
         "# Decode-step profile",
         "",
-        f"Measured by `make profile-step` (`benchmarks/profile_step.py --threads {args.threads}`; SmolLM2-135M "
+        f"Measured by `make profile-step` (`benchmarks/profile_step.py --threads {args.threads}`; {model} "
         f"({layers} layers), compiled CPU kernels, contexts of {CONTEXT} tokens, greedy sampling). A step is "
         f"`ModelRunner.execute` and the sampler; step ms is the best of {args.steps} unprofiled steps on "
         f"{args.threads} thread(s). Host ms: under torch.profiler, a step's wall time less the self time of its "
@@ -225,17 +233,21 @@ def report(results: dict[tuple[int, str, bool], Figures], layers: int, args: arg
     for (batch, q, on), f in results.items():
         regions = "n/a" if f.regions_per_step is None else f"{f.regions_per_step / layers:.1f}"
         lines.append(
-            f"| {batch} | {'fp32' if q == 'none' else q} | {'fused' if on else 'per-op'} | {f.step_ms:.2f} | "
+            f"| {batch} | {_weights(q)} | {'fused' if on else 'per-op'} | {f.step_ms:.2f} | "
             f"{f.kernel_ms:.2f} | {f.host_ms:.2f} | {f.host_unprofiled_ms:.2f} | {f.ops_per_step / layers:.1f} | "
             f"{regions} |"
         )
     for (batch, q, on), f in results.items():
         total = sum(ms for _, ms in f.top)
-        name = f"batch {batch}, {'fp32' if q == 'none' else q}, {'fused' if on else 'per-op'}"
+        name = f"batch {batch}, {_weights(q)}, {'fused' if on else 'per-op'}"
         lines += ["", f"## {name}: self time per step (profiled)", "", "| op | self ms / step | share |"]
         lines += ["|---|---:|---:|"]
         lines += [f"| `{op}` | {ms:.3f} | {100 * ms / total:.0f}% |" for op, ms in f.top[: args.top]]
     return lines
+
+
+def _weights(quantization: str) -> str:
+    return {"none": "fp32", "auto": "the file's"}.get(quantization, quantization)
 
 
 if __name__ == "__main__":
