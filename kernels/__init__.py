@@ -8,8 +8,8 @@ interface models import; the rest of the package is the backends' insides.
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
 from infer.kernels.backend import BACKENDS, select_kernels
 from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights
-from infer.kernels.ggml_blocks import BlockPlan, BlockRows, Scales, pack_ggml_blocks
-from infer.kernels.int4 import Int4Weight, pack_int4, pack_int4_super
+from infer.kernels.ggml_blocks import BlockPlan, BlockRows, Codes, Scales, pack_ggml_blocks
+from infer.kernels.int4 import Int4Weight, Int5Weight, pack_int4, pack_int4_super, pack_int5, pack_int5_super
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.int8g import Int8GroupWeight, pack_int8g, pack_int8g_super
 from infer.kernels.interface import Kernels, LinearWeight
@@ -22,9 +22,11 @@ __all__ = [
     "AttentionSpec",
     "BlockPlan",
     "BlockRows",
+    "Codes",
     "DecoderShape",
     "FusedDecoder",
     "Int4Weight",
+    "Int5Weight",
     "Int8GroupWeight",
     "Int8Weight",
     "Kernels",
@@ -39,6 +41,8 @@ __all__ = [
     "pack_ggml_blocks",
     "pack_int4",
     "pack_int4_super",
+    "pack_int5",
+    "pack_int5_super",
     "pack_int8g",
     "pack_int8g_super",
     "select_kernels",

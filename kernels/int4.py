@@ -30,6 +30,13 @@ tried first and dropped: a group holding one large activation rounds its small
 ones to a step of `max|x| / 127`, which moved SmolLM2's layers by up to 1.3% and
 changed a greedy answer.) `int4_linear_ref` is the reference: the same activation
 quantization, dequantized weights, an fp64 matmul.
+
+`Int5Weight` is the same with 5-bit codes (0..31, `w = d * q + m`): GGUF's Q5_0 (codes + 16, m = -16 d), Q5_1
+and Q5_K at their own 0.6875-0.75 bytes per weight where the 8-bit grouped format would take 1.06-1.08. A
+group's block holds its nibbles as above, then its fifth bits (64 bytes: channel c's 32-bit lane holds at bit
+`i = 4 j + p` the fifth bit of the k whose nibble the kernel's p-th shift of the j-th 64 bytes puts in a lane's
+low int16, and at bit 16 + i that of its high int16: k `8 j + (0, 4, 1, 5)[p]` and `8 j + (2, 6, 3, 7)[p]`),
+then its scales: 384 (fp16), 448 (fp32) or, two-level, 64 + 8 x 352 = 2880 bytes a super-block.
 """
 
 from __future__ import annotations
@@ -63,23 +70,42 @@ __all__ = [
     "GROUP",
     "INT16_MAX",
     "Int4Weight",
+    "Int5Weight",
     "int4_linear_ref",
     "pack_int4",
     "pack_int4_super",
+    "pack_int5",
+    "pack_int5_super",
     "quantize_activations",
     "quantize_int4",
 ]
 
 GROUP = 32  # input features per scale and minimum
 NIBBLE_BYTES = STRIP * GROUP // 2  # 256: one group of a strip's weights
+HIGH_BYTES = STRIP * 4  # 64: int5's fifth bits of a group, a 32-bit lane a channel
 SUPER_GROUPS = SUPER // GROUP  # 8 groups a super-block
 HEAD_BYTES = 2 * STRIP * 2  # 64: a super-block's fp16 d_super and m_super
-# a strip's block per group (fp16: 320, fp32: 384), or per super-block of 8 groups (int8: 64 + 8 * 288)
-BLOCK_BYTES = {
-    torch.float16: NIBBLE_BYTES + 2 * STRIP * 2,
-    torch.float32: NIBBLE_BYTES + 2 * STRIP * 4,
-    SUPER_SCALES: HEAD_BYTES + SUPER_GROUPS * (NIBBLE_BYTES + 2 * STRIP),
-}
+_PAIR_LOW, _PAIR_HIGH = (0, 4, 1, 5), (2, 6, 3, 7)  # k - 8 j of the p-th shift's low and high int16
+# int5: lane bit b (0..31) holds the fifth bit of k = K_OF_BIT[b]
+K_OF_BIT = torch.tensor([8 * (i // 4) + pair[i % 4] for pair in (_PAIR_LOW, _PAIR_HIGH) for i in range(16)])
+
+
+def code_bytes(bits: int) -> int:  # a group's codes: nibbles (and fifth bits)
+    return NIBBLE_BYTES + (HIGH_BYTES if bits == 5 else 0)
+
+
+def block_bytes(bits: int) -> dict[torch.dtype, int]:
+    """A strip's block per group (int4: 320 fp16, 384 fp32; int5: 384, 448), or per super-block of 8 groups
+    (int4: 64 + 8 * 288; int5: 64 + 8 * 352), by how scales are stored."""
+    codes = code_bytes(bits)
+    return {
+        torch.float16: codes + 2 * STRIP * 2,
+        torch.float32: codes + 2 * STRIP * 4,
+        SUPER_SCALES: HEAD_BYTES + SUPER_GROUPS * (codes + 2 * STRIP),
+    }
+
+
+BLOCK_BYTES = block_bytes(4)
 
 
 @dataclass(frozen=True)
@@ -87,23 +113,24 @@ class Int4Weight(PackedWeight):
     """A `[out_features, in_features]` int4 weight, packed for the kernel (see the module's docstring)."""
 
     format_id: ClassVar[int] = 2
+    bits: ClassVar[int] = 4
     packed: torch.Tensor  # [N_pad / 16, K_pad / 32, 320 | 384] or [N_pad / 16, K / 256, 2368] uint8
     out_features: int
     in_features: int
 
     @property
     def scale_dtype(self) -> torch.dtype:  # fp16, fp32 or SUPER_SCALES (two-level)
-        return next(dtype for dtype, size in BLOCK_BYTES.items() if size == self.packed.shape[2])
+        return next(dtype for dtype, size in block_bytes(self.bits).items() if size == self.packed.shape[2])
 
     @property
     def padded_in_features(self) -> int:
         return self.packed.shape[1] * (SUPER if self.scale_dtype == SUPER_SCALES else GROUP)
 
-    def codes(self) -> torch.Tensor:  # [N_pad, K_pad] uint8, 0..15
-        return _codes(_groups(self.packed, self.scale_dtype)).reshape(-1, self.padded_in_features)
+    def codes(self) -> torch.Tensor:  # [N_pad, K_pad] uint8, 0..15 (int5: 0..31)
+        return _codes(_groups(self.packed, self.scale_dtype, self.bits), self.bits).reshape(-1, self.padded_in_features)
 
     def scales(self) -> tuple[torch.Tensor, torch.Tensor]:  # d, m: [N_pad, K_pad / 32] fp32 each
-        d, m = _scales(self.packed, self.scale_dtype)
+        d, m = _scales(self.packed, self.scale_dtype, self.bits)
         return d.reshape(-1, d.shape[2]), m.reshape(-1, m.shape[2])
 
     def dequantize(self) -> torch.Tensor:  # [out_features, in_features] fp32
@@ -117,10 +144,14 @@ class Int4Weight(PackedWeight):
         strip, channel = channel_of(ids, self.out_features)
         blocks = self.packed[strip]  # [n, G | K / 256, block]: the strips of the rows asked for
         pick = torch.arange(blocks.shape[0])
-        groups = _groups(blocks, self.scale_dtype)  # [n, G, block]
+        groups = _groups(blocks, self.scale_dtype, self.bits)  # [n, G, block]
         nib = groups[..., :NIBBLE_BYTES].reshape(*groups.shape[:2], 4, STRIP, 4)[pick, :, :, channel]  # [n, g, j, b]
-        d, m = (t[pick, channel] for t in _scales(blocks, self.scale_dtype))  # [n, G]
-        return _values(_nibbles(nib), d, m)[:, : self.in_features]
+        codes = _nibbles(nib)
+        if self.bits == 5:
+            lanes = groups[..., NIBBLE_BYTES : HIGH_BYTES + NIBBLE_BYTES].reshape(*groups.shape[:2], STRIP, 4)
+            codes = codes | _fifth_bits(lanes[pick, :, channel])
+        d, m = (t[pick, channel] for t in _scales(blocks, self.scale_dtype, self.bits))  # [n, G]
+        return _values(codes, d, m)[:, : self.in_features]
 
     def linear_reference(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return int4_linear_ref(x, self, bias)
@@ -133,17 +164,52 @@ class Int4Weight(PackedWeight):
         return [self.packed, NO_TENSOR, bias_arg(bias)]  # the scales live in the packed blocks
 
 
-def _groups(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # -> [s, G, block]: nibbles first
+class Int5Weight(Int4Weight):
+    """A `[out_features, in_features]` int5 weight: int4's layout with each group's fifth bits after its nibbles
+    (see the module's docstring); the same reference linear, its own compiled op."""
+
+    format_id: ClassVar[int] = 4
+    bits: ClassVar[int] = 5
+
+    def linear_compiled(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.infer_cpu.int5_linear(x, self.packed, bias, self.out_features)
+        return y
+
+
+def _groups(blocks: torch.Tensor, dtype: torch.dtype, bits: int) -> torch.Tensor:  # -> [s, G, block]: codes first
     """A strip's blocks a group each (two-level: the super-blocks' groups, their heads dropped)."""
     if dtype != SUPER_SCALES:
         return blocks
-    return blocks[..., HEAD_BYTES:].reshape(blocks.shape[0], -1, NIBBLE_BYTES + 2 * STRIP)
+    return blocks[..., HEAD_BYTES:].reshape(blocks.shape[0], -1, code_bytes(bits) + 2 * STRIP)
 
 
-def _codes(blocks: torch.Tensor) -> torch.Tensor:  # [s, G, block] uint8 -> [s, 16, K_pad] uint8
+def _codes(blocks: torch.Tensor, bits: int) -> torch.Tensor:  # [s, G, block] uint8 -> [s, 16, K_pad] uint8
     strips, groups = blocks.shape[:2]
     nib = blocks[..., :NIBBLE_BYTES].reshape(strips, groups, 4, STRIP, 4)  # [s, g, j, c, b]
-    return _nibbles(nib.permute(0, 3, 1, 2, 4))
+    codes = _nibbles(nib.permute(0, 3, 1, 2, 4))
+    if bits == 5:
+        lanes = blocks[..., NIBBLE_BYTES : NIBBLE_BYTES + HIGH_BYTES].reshape(strips, groups, STRIP, 4)
+        codes = codes | _fifth_bits(lanes.transpose(1, 2))  # [s, c, g, 4] -> [s, c, K_pad]
+    return codes
+
+
+def _fifth_bits(lanes: torch.Tensor) -> torch.Tensor:  # [..., G, 4] bytes of a channel's lanes -> [..., K_pad]
+    """A channel's fifth bits (as 16 or 0) in k order, from its 32-bit lanes."""
+    word = lanes.to(torch.int64)
+    word = word[..., 0] | word[..., 1] << 8 | word[..., 2] << 16 | word[..., 3] << 24  # [..., G]
+    by_bit = (word[..., None] >> torch.arange(32)) & 1  # [..., G, 32]: lane bit b
+    by_k = torch.empty_like(by_bit)
+    by_k[..., K_OF_BIT] = by_bit
+    return (by_k << 4).to(torch.uint8).reshape(*lanes.shape[:-2], lanes.shape[-2] * GROUP)
+
+
+def _lanes(q: torch.Tensor) -> torch.Tensor:  # [N_pad, K_pad] uint8 codes -> [N_pad / 16, G, 64] uint8
+    """int5's fifth bits of each group as the kernel reads them: a 32-bit lane per channel."""
+    strips, groups = q.shape[0] // STRIP, q.shape[1] // GROUP
+    high = ((q >> 4) & 1).to(torch.int64).view(strips, STRIP, groups, GROUP)[..., K_OF_BIT]  # [s, c, g, bit]
+    word = (high << torch.arange(32)).sum(dim=-1)  # [s, c, g]
+    lanes = torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)  # little-endian
+    return lanes.permute(0, 2, 1, 3).reshape(strips, groups, HIGH_BYTES)
 
 
 def _nibbles(nib: torch.Tensor) -> torch.Tensor:  # [..., G, 4 (j), 4 (b)] bytes of one channel -> [..., K_pad]
@@ -151,12 +217,15 @@ def _nibbles(nib: torch.Tensor) -> torch.Tensor:  # [..., G, 4 (j), 4 (b)] bytes
     return both.reshape(*nib.shape[:-3], nib.shape[-3] * GROUP)
 
 
-def _scales(blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # d, m: [s, 16, G]
+def _scales(
+    blocks: torch.Tensor, dtype: torch.dtype, bits: int
+) -> tuple[torch.Tensor, torch.Tensor]:  # d, m: [s, 16, G]
+    codes = code_bytes(bits)
     if dtype == SUPER_SCALES:
-        d, m = super_scales(blocks[..., :HEAD_BYTES], _groups(blocks, dtype)[..., NIBBLE_BYTES:], has_min=True)
+        d, m = super_scales(blocks[..., :HEAD_BYTES], _groups(blocks, dtype, bits)[..., codes:], has_min=True)
         assert m is not None
         return d.transpose(1, 2), m.transpose(1, 2)
-    tail = blocks[..., NIBBLE_BYTES:].contiguous().view(dtype).float()  # [s, G, 32]
+    tail = blocks[..., codes:].contiguous().view(dtype).float()  # [s, G, 32]
     return tail[..., :STRIP].transpose(1, 2), tail[..., STRIP:].transpose(1, 2)
 
 
@@ -173,16 +242,17 @@ def pack_int4(
     scale_dtype: torch.dtype = torch.float16,  # fp16 rounds d and m to nearest; fp32 keeps them exactly
 ) -> Int4Weight:
     """Given codes, scales and minimums (`w = d * q + m` per group of 32) packed for the kernel."""
-    check_scale_dtype(scale_dtype)
-    _check_codes(codes)
-    n, k = codes.shape
-    groups = -(-k // GROUP)
-    if d.shape != (n, groups) or m.shape != (n, groups):
-        raise ValueError(f"int4: d and m must be [{n}, {groups}], got {tuple(d.shape)} and {tuple(m.shape)}")
-    n_pad = round_up(n, STRIP)
-    q = F.pad(codes.cpu(), (0, groups * GROUP - k, 0, n_pad - n))  # [N_pad, K_pad]: zero codes in the padding
-    d_s, m_s = (F.pad(stored_scales(t.float().cpu(), scale_dtype, "int4"), (0, 0, 0, n_pad - n)) for t in (d, m))
-    return Int4Weight(_pack(q, d_s, m_s), n, k)
+    return Int4Weight(_packed(codes, d, m, scale_dtype, 4), codes.shape[0], codes.shape[1])
+
+
+def pack_int5(
+    codes: torch.Tensor,  # [N, K] uint8, 0..31
+    d: torch.Tensor,  # [N, ceil(K / 32)] fp32
+    m: torch.Tensor,  # [N, ceil(K / 32)] fp32
+    scale_dtype: torch.dtype = torch.float16,
+) -> Int5Weight:
+    """`pack_int4` for 5-bit codes."""
+    return Int5Weight(_packed(codes, d, m, scale_dtype, 5), codes.shape[0], codes.shape[1])
 
 
 def pack_int4_super(
@@ -191,22 +261,44 @@ def pack_int4_super(
 ) -> Int4Weight:
     """Given codes and two-level scales (`w = (d_super * d_sub) * q + (m_super * m_sub)` per group of 32), packed
     with the scales as the file has them; ValueError where they do not fit (store them as fp32 then)."""
-    _check_codes(codes)
+    return Int4Weight(_packed_super(codes, scales, 4), codes.shape[0], codes.shape[1])
+
+
+def pack_int5_super(codes: torch.Tensor, scales: SuperScales) -> Int5Weight:  # codes 0..31 (Q5_K's)
+    """`pack_int4_super` for 5-bit codes."""
+    return Int5Weight(_packed_super(codes, scales, 5), codes.shape[0], codes.shape[1])
+
+
+def _packed(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, scale_dtype: torch.dtype, bits: int) -> torch.Tensor:
+    check_scale_dtype(scale_dtype)
+    _check_codes(codes, bits)
     n, k = codes.shape
-    scales.check(n, k, GROUP, "int4")
+    groups = -(-k // GROUP)
+    if d.shape != (n, groups) or m.shape != (n, groups):
+        raise ValueError(f"int{bits}: d and m must be [{n}, {groups}], got {tuple(d.shape)} and {tuple(m.shape)}")
+    n_pad = round_up(n, STRIP)
+    q = F.pad(codes.cpu(), (0, groups * GROUP - k, 0, n_pad - n))  # [N_pad, K_pad]: zero codes in the padding
+    d_s, m_s = (F.pad(stored_scales(t.float().cpu(), scale_dtype, f"int{bits}"), (0, 0, 0, n_pad - n)) for t in (d, m))
+    return _pack(q, d_s, m_s, bits)
+
+
+def _packed_super(codes: torch.Tensor, scales: SuperScales, bits: int) -> torch.Tensor:
+    _check_codes(codes, bits)
+    n, k = codes.shape
+    scales.check(n, k, GROUP, f"int{bits}")
     if not scales.has_min:
-        raise ValueError("int4: two-level scales need minimums (m_sub, m_super)")
+        raise ValueError(f"int{bits}: two-level scales need minimums (m_sub, m_super)")
     n_pad = round_up(n, STRIP)
     strips, supers = n_pad // STRIP, k // SUPER
     head, subs = scales.strip_parts(n_pad)
-    nibbles = _nibble_bytes(F.pad(codes.cpu(), (0, 0, 0, n_pad - n)))  # [s, G, 256]
-    groups = torch.cat((nibbles, *subs), dim=2).view(strips, supers, -1)  # [s, K / 256, 8 * 288]
-    return Int4Weight(torch.cat((head, groups), dim=2).contiguous(), n, k)
+    groups = torch.cat((*_code_parts(F.pad(codes.cpu(), (0, 0, 0, n_pad - n)), bits), *subs), dim=2)
+    return torch.cat((head, groups.view(strips, supers, -1)), dim=2).contiguous()  # [s, K / 256, super-block]
 
 
-def _check_codes(codes: torch.Tensor) -> None:
-    if codes.dim() != 2 or codes.dtype != torch.uint8 or (codes.numel() > 0 and int(codes.max()) > 15):
-        raise ValueError("int4: codes must be [N, K] uint8 in 0..15")
+def _check_codes(codes: torch.Tensor, bits: int) -> None:
+    top = (1 << bits) - 1
+    if codes.dim() != 2 or codes.dtype != torch.uint8 or (codes.numel() > 0 and int(codes.max()) > top):
+        raise ValueError(f"int{bits}: codes must be [N, K] uint8 in 0..{top}")
 
 
 def quantize_int4(weight: torch.Tensor) -> Int4Weight:  # weight: [N, K] float
@@ -226,11 +318,15 @@ def quantize_int4(weight: torch.Tensor) -> Int4Weight:  # weight: [N, K] float
     return pack_int4(q[:, :k], d, m, torch.float16)
 
 
-def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """q [N_pad, K_pad] uint8 codes, d and m [N_pad, G] (fp16 or fp32) -> [N_pad / 16, G, 320 | 384] uint8."""
+def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bits: int) -> torch.Tensor:
+    """q [N_pad, K_pad] uint8 codes, d and m [N_pad, G] (fp16 or fp32) -> [N_pad / 16, G, block] uint8."""
     strips, groups = q.shape[0] // STRIP, q.shape[1] // GROUP
     dm = torch.cat([t.view(strips, STRIP, groups).permute(0, 2, 1) for t in (d, m)], dim=2)  # [s, g, 32]
-    return torch.cat((_nibble_bytes(q), dm.contiguous().view(torch.uint8)), dim=2).contiguous()
+    return torch.cat((*_code_parts(q, bits), dm.contiguous().view(torch.uint8)), dim=2).contiguous()
+
+
+def _code_parts(q: torch.Tensor, bits: int) -> list[torch.Tensor]:  # -> [s, G, 256] nibbles (and [s, G, 64] lanes)
+    return [_nibble_bytes(q & 15), _lanes(q)] if bits == 5 else [_nibble_bytes(q)]
 
 
 def _nibble_bytes(q: torch.Tensor) -> torch.Tensor:  # [N_pad, K_pad] uint8 codes -> [N_pad / 16, G, 256] uint8

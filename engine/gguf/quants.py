@@ -179,24 +179,24 @@ class Form:
 
     group: int  # inputs a scale
     has_min: bool
-    four_bit: bool  # codes in 0..15, groups of 32: int4 holds them
+    bits: int  # 4: codes in 0..15 at groups of 32 (int4 holds them); 5: in 0..31 (int5; Q5_0's + 16); else 8
     two_level: bool  # K-quant scales: fp16 per 256 inputs times 8 bits per group
     fp16_scales: bool  # scale and minimum are fp16 values (the file's; Q4_0's -8 d unless it overflows)
 
 
 FORMS = {
-    GGMLQuantizationType.Q4_0: Form(32, has_min=True, four_bit=True, two_level=False, fp16_scales=True),
-    GGMLQuantizationType.Q4_1: Form(32, has_min=True, four_bit=True, two_level=False, fp16_scales=True),
-    GGMLQuantizationType.Q5_0: Form(32, has_min=False, four_bit=False, two_level=False, fp16_scales=True),
-    GGMLQuantizationType.Q5_1: Form(32, has_min=True, four_bit=False, two_level=False, fp16_scales=True),
-    GGMLQuantizationType.Q8_0: Form(32, has_min=False, four_bit=False, two_level=False, fp16_scales=True),
-    GGMLQuantizationType.Q2_K: Form(16, has_min=True, four_bit=False, two_level=True, fp16_scales=False),
-    GGMLQuantizationType.Q3_K: Form(16, has_min=False, four_bit=False, two_level=True, fp16_scales=False),
-    GGMLQuantizationType.Q4_K: Form(32, has_min=True, four_bit=True, two_level=True, fp16_scales=False),
-    GGMLQuantizationType.Q5_K: Form(32, has_min=True, four_bit=False, two_level=True, fp16_scales=False),
-    GGMLQuantizationType.Q6_K: Form(16, has_min=False, four_bit=False, two_level=True, fp16_scales=False),
+    GGMLQuantizationType.Q4_0: Form(32, has_min=True, bits=4, two_level=False, fp16_scales=True),
+    GGMLQuantizationType.Q4_1: Form(32, has_min=True, bits=4, two_level=False, fp16_scales=True),
+    GGMLQuantizationType.Q5_0: Form(32, has_min=False, bits=5, two_level=False, fp16_scales=True),
+    GGMLQuantizationType.Q5_1: Form(32, has_min=True, bits=5, two_level=False, fp16_scales=True),
+    GGMLQuantizationType.Q8_0: Form(32, has_min=False, bits=8, two_level=False, fp16_scales=True),
+    GGMLQuantizationType.Q2_K: Form(16, has_min=True, bits=8, two_level=True, fp16_scales=False),
+    GGMLQuantizationType.Q3_K: Form(16, has_min=False, bits=8, two_level=True, fp16_scales=False),
+    GGMLQuantizationType.Q4_K: Form(32, has_min=True, bits=4, two_level=True, fp16_scales=False),
+    GGMLQuantizationType.Q5_K: Form(32, has_min=True, bits=5, two_level=True, fp16_scales=False),
+    GGMLQuantizationType.Q6_K: Form(16, has_min=False, bits=8, two_level=True, fp16_scales=False),
 }
-ROUNDED_FORM = Form(32, has_min=False, four_bit=False, two_level=False, fp16_scales=False)  # any other type
+ROUNDED_FORM = Form(32, has_min=False, bits=8, two_level=False, fp16_scales=False)  # any other type
 
 
 def form(tensor_type: GGMLQuantizationType) -> Form:

@@ -3,7 +3,8 @@
 `fill_model` puts every tensor of the file into a freshly built `CausalLM`:
 - float tensors (F32, F16, BF16: norms, biases, float weights) are copied into the model's parameters;
 - quantized weights of the linear layers are decoded into grouped form (`quants.decode`, exact) and packed into
-  one of the kernels' formats without a second rounding: all-4-bit parts (Q4_0, Q4_1, Q4_K) into int4, the
+  one of the kernels' formats without a second rounding: all-4-bit parts (Q4_0, Q4_1, Q4_K) into int4, parts of
+  at most 5 bits (Q5_0, Q5_1, Q5_K beside those) into int5, the
   rest (and fused projections whose parts differ, e.g. a Q4_K q/k beside a Q6_K v) into the 8-bit grouped format,
   whose int8 codes hold every type's codes; scales and minimums stay fp16 where the file's were, fp32 where
   K-quant sub-block scales were folded in;
@@ -33,12 +34,15 @@ from infer.engine.models import CausalLM, Linear, Target, checkpoint_target
 from infer.kernels import (
     BlockPlan,
     BlockRows,
+    Codes,
     PackedWeight,
     Scales,
     SuperScales,
     pack_ggml_blocks,
     pack_int4,
     pack_int4_super,
+    pack_int5,
+    pack_int5_super,
     pack_int8g,
     pack_int8g_super,
 )
@@ -164,16 +168,17 @@ class _Part:
 
 def block_plan(types: Sequence[GGMLQuantizationType], cols: int) -> BlockPlan:
     """How row blocks of one weight (q, k, v; gate, up) of these types are packed, exactly, from the types alone:
-    int4 when every part is 4-bit in groups of 32, else the 8-bit grouped format at the finest group of the parts;
+    int4 when every part is 4-bit in groups of 32, int5 when every part is at most 5-bit in groups of 32 (so a
+    step reads the file's bytes, not 8 bits a weight), else the 8-bit grouped format at the finest group of the parts;
     scales stored the K-quant way (fp16 per 256 inputs times 8 bits per group) where every part is a K-quant, as
     fp16 where every part's are fp16 values, else as fp32."""
     forms = [form(t) for t in types]
-    int4 = all(f.four_bit for f in forms)
+    bits = max(f.bits for f in forms)
+    codes: Codes = "int4" if bits == 4 else "int5" if bits == 5 else "int8g"
     two_level = all(f.two_level for f in forms) and cols % SUPER_BLOCK == 0
     scales: Scales = "two_level" if two_level else "fp16" if all(f.fp16_scales for f in forms) else "fp32"
-    return BlockPlan(
-        int4, 32 if int4 else min(f.group for f in forms), scales, int4 or any(f.has_min for f in forms)
-    )  # fmt: skip
+    has_min = codes != "int8g" or any(f.has_min for f in forms)
+    return BlockPlan(codes, 32 if codes != "int8g" else min(f.group for f in forms), scales, has_min)
 
 
 def pack_grouped(parts: Sequence[Grouped], plan: BlockPlan) -> PackedWeight:
@@ -183,18 +188,26 @@ def pack_grouped(parts: Sequence[Grouped], plan: BlockPlan) -> PackedWeight:
     if plan.scales == "two_level" and sup is None:
         raise ValueError("two-level scales need K-quants in every part")
     dtype = torch.float16 if plan.scales == "fp16" else torch.float32
-    if plan.int4:
+    if plan.codes != "int8g":
+        parts = [_unsigned(p) for p in parts]
         codes = torch.from_numpy(_joined([p.codes for p in parts]).view(np.uint8))
         if sup is not None:
-            return pack_int4_super(codes, sup)
+            return (pack_int4_super if plan.codes == "int4" else pack_int5_super)(codes, sup)
         d, m = _per_group(parts, plan.group)
         assert m is not None
-        return pack_int4(codes, d, m, dtype)
+        return (pack_int4 if plan.codes == "int4" else pack_int5)(codes, d, m, dtype)
     codes8 = torch.from_numpy(_joined([p.codes for p in parts]))
     if sup is not None:
         return pack_int8g_super(codes8, sup, plan.group)
     d, m = _per_group(parts, plan.group)
     return pack_int8g(codes8, d, m, plan.group, dtype)
+
+
+def _unsigned(p: Grouped) -> Grouped:
+    """Q5_0's signed codes (-16..15) as int5 takes them: codes + 16, minimum -16 d (exact: w = d q either way)."""
+    if p.minimum is not None:
+        return p
+    return Grouped(p.codes + np.int8(16), p.scale, p.scale * np.float32(-16), p.group, p.exact, p.super)
 
 
 def _per_group(parts: Sequence[Grouped], group: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,4 +1,5 @@
-// ggml's quantized blocks (the tensors of a GGUF file) straight into the kernels' packed formats, in one pass.
+// ggml's quantized blocks (the tensors of a GGUF file) straight into the kernels' packed formats (int4, int5,
+// int8g), in one pass.
 //
 // The same bytes as engine/gguf/quants.py's `decode` followed by kernels/int4.py's `pack_int4*` or
 // kernels/int8g.py's `pack_int8g*` (the Python path is the test oracle and the fallback), without the
@@ -19,6 +20,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -43,20 +45,21 @@ struct TypeInfo {
   int64_t group;  // weights a scale
   bool has_min;
   bool k_quant;
+  int64_t bits;   // the unsigned codes int4 / int5 take: 4, 5 (Q5_0's signed codes + 16), else 8
 };
 
 TypeInfo type_info(int64_t type) {
   switch (type) {
-    case kQ4_0: return {32, 18, 32, true, false};
-    case kQ4_1: return {32, 20, 32, true, false};
-    case kQ5_0: return {32, 22, 32, false, false};
-    case kQ5_1: return {32, 24, 32, true, false};
-    case kQ8_0: return {32, 34, 32, false, false};
-    case kQ2_K: return {256, 84, 16, true, true};
-    case kQ3_K: return {256, 110, 16, false, true};
-    case kQ4_K: return {256, 144, 32, true, true};
-    case kQ5_K: return {256, 176, 32, true, true};
-    case kQ6_K: return {256, 210, 16, false, true};
+    case kQ4_0: return {32, 18, 32, true, false, 4};
+    case kQ4_1: return {32, 20, 32, true, false, 4};
+    case kQ5_0: return {32, 22, 32, false, false, 5};
+    case kQ5_1: return {32, 24, 32, true, false, 5};
+    case kQ8_0: return {32, 34, 32, false, false, 8};
+    case kQ2_K: return {256, 84, 16, true, true, 8};
+    case kQ3_K: return {256, 110, 16, false, true, 8};
+    case kQ4_K: return {256, 144, 32, true, true, 4};
+    case kQ5_K: return {256, 176, 32, true, true, 5};
+    case kQ6_K: return {256, 210, 16, false, true, 8};
     default: TORCH_CHECK(false, "ggml_pack: unsupported ggml type ", type);
   }
 }
@@ -198,7 +201,7 @@ void decode_row(int64_t type, const uint8_t* row, int64_t cols, Row& out) {
   }
 }
 
-enum Format : int64_t { kInt4 = 0, kInt8g = 1 };
+enum Format : int64_t { kInt4 = 0, kInt8g = 1, kInt5 = 2 };
 enum Scales : int64_t { kHalf = 0, kFloat = 1, kTwoLevel = 2 };
 
 struct Plan {
@@ -206,7 +209,10 @@ struct Plan {
   bool has_min;
   int64_t cols;
   int64_t scale_bytes() const { return scales == kHalf ? 2 : scales == kFloat ? 4 : 1; }
-  int64_t code_bytes() const { return format == kInt4 ? kStrip * group / 2 : kStrip * group; }  // a group's codes
+  int64_t code_bytes() const {  // a group's codes: nibbles (int4), then fifth bits (int5); int8 (int8g)
+    return format == kInt8g ? kStrip * group : kStrip * group / 2 + (format == kInt5 ? kStrip * 4 : 0);
+  }
+  int64_t bits() const { return format == kInt4 ? 4 : format == kInt5 ? 5 : 8; }
   int64_t group_bytes() const { return code_bytes() + kStrip * scale_bytes() * (has_min ? 2 : 1); }
   int64_t head_bytes() const { return scales == kTwoLevel ? kStrip * 2 * (has_min ? 2 : 1) : 0; }
   int64_t unit() const { return scales == kTwoLevel ? kSuper : group; }  // inputs of the packed tensor's last dim
@@ -216,7 +222,18 @@ struct Plan {
 struct Source {
   const uint8_t* data;
   int64_t type, rows, row_bytes, group;
+  bool shift;  // int5 from Q5_0: codes + 16, minimum -16 d
 };
+
+// int5's fifth-bit lane: bit of k = 8 j + t (t 0..7) -> lane bit (csrc/int4_linear.cpp): the pairs' order
+constexpr int kPairLow[4] = {0, 4, 1, 5}, kPairHigh[4] = {2, 6, 3, 7};
+constexpr std::array<int, 32> lane_bits() {
+  std::array<int, 32> bit{};
+  for (int j = 0; j < 4; ++j)
+    for (int p = 0; p < 4; ++p) bit[8 * j + kPairLow[p]] = 4 * j + p, bit[8 * j + kPairHigh[p]] = 16 + 4 * j + p;
+  return bit;
+}
+constexpr std::array<int, 32> kLaneBit = lane_bits();
 
 // writes one value as the plan stores scales; false when it is not finite there
 inline bool put_scale(uint8_t* p, float v, int64_t scales) {
@@ -232,11 +249,17 @@ inline bool put_scale(uint8_t* p, float v, int64_t scales) {
 }
 
 // channel c's codes of group g (at the plan's group) into the group's block
-inline void put_codes(const Plan& P, uint8_t* block, int64_t c, const int8_t* q) {
-  if (P.format == kInt4) {  // byte 64 j + 4 c + b: k = 8 j + b low, 8 j + 4 + b high
+inline void put_codes(const Plan& P, uint8_t* block, int64_t c, const int8_t* q, int shift) {
+  if (P.format != kInt8g) {  // byte 64 j + 4 c + b: k = 8 j + b low, 8 j + 4 + b high
     for (int j = 0; j < 4; ++j)
       for (int b = 0; b < 4; ++b)
-        block[64 * j + 4 * c + b] = static_cast<uint8_t>((q[8 * j + b] & 15) | ((q[8 * j + 4 + b] & 15) << 4));
+        block[64 * j + 4 * c + b] =
+            static_cast<uint8_t>(((q[8 * j + b] + shift) & 15) | (((q[8 * j + 4 + b] + shift) & 15) << 4));
+    if (P.format == kInt5) {  // then channel c's 32-bit lane of fifth bits
+      uint32_t lane = 0;
+      for (int k = 0; k < 32; ++k) lane |= static_cast<uint32_t>(((q[k] + shift) >> 4) & 1) << kLaneBit[k];
+      std::memcpy(block + 256 + 4 * c, &lane, sizeof lane);
+    }
   } else {  // byte 32 j + 2 c + b: k = 2 j + b
     for (int64_t j = 0; j < P.group / 2; ++j) {
       block[32 * j + 2 * c] = static_cast<uint8_t>(q[2 * j]);
@@ -246,7 +269,9 @@ inline void put_codes(const Plan& P, uint8_t* block, int64_t c, const int8_t* q)
 }
 
 // channel c of a strip (its row decoded in `row`) into the strip's bytes; false on a scale the plan cannot store
-bool put_channel(const Plan& P, uint8_t* strip, int64_t c, const Row& row, int64_t src_group) {
+bool put_channel(const Plan& P, uint8_t* strip, int64_t c, const Row& row, const Source& src) {
+  const int64_t src_group = src.group;
+  const int shift = src.shift ? 16 : 0;
   const int64_t units = P.cols / P.unit(), groups_a_unit = P.unit() / P.group;
   const int64_t sb = P.scale_bytes();
   bool ok = true;
@@ -259,15 +284,16 @@ bool put_channel(const Plan& P, uint8_t* strip, int64_t c, const Row& row, int64
     for (int64_t gi = 0; gi < groups_a_unit; ++gi) {
       const int64_t g = u * groups_a_unit + gi;  // the plan's group
       uint8_t* block = unit + P.head_bytes() + gi * P.group_bytes();
-      put_codes(P, block, c, row.codes.data() + g * P.group);
+      put_codes(P, block, c, row.codes.data() + g * P.group, shift);
       const int64_t sg = g * P.group / src_group;  // the source's group holding it
       uint8_t* tail = block + P.code_bytes();
       if (P.scales == kTwoLevel) {
         tail[c] = static_cast<uint8_t>(row.d_sub[sg]);
         if (P.has_min) tail[kStrip + c] = static_cast<uint8_t>(row.m_sub[sg]);
       } else {
+        const float minimum = shift ? row.scale[sg] * -16.f : row.minimum[sg];
         ok &= put_scale(tail + sb * c, row.scale[sg], P.scales);
-        if (P.has_min) ok &= put_scale(tail + sb * (kStrip + c), row.minimum[sg], P.scales);
+        if (P.has_min) ok &= put_scale(tail + sb * (kStrip + c), minimum, P.scales);
       }
     }
   }
@@ -282,10 +308,10 @@ bool put_channel(const Plan& P, uint8_t* strip, int64_t c, const Row& row, int64
 at::Tensor ggml_pack(const std::vector<at::Tensor>& parts, const std::vector<int64_t>& types, const at::Tensor& order,
                      int64_t cols, int64_t format, int64_t group, int64_t scales, bool has_min) {
   TORCH_CHECK(parts.size() == types.size() && !parts.empty(), "ggml_pack: one type per part");
-  TORCH_CHECK(format == kInt4 || format == kInt8g, "ggml_pack: format is 0 (int4) or 1 (int8g)");
+  TORCH_CHECK(format == kInt4 || format == kInt8g || format == kInt5, "ggml_pack: format is 0 (int4), 1 (int8g) or 2 (int5)");
   TORCH_CHECK(scales >= kHalf && scales <= kTwoLevel, "ggml_pack: scales are 0 (fp16), 1 (fp32) or 2 (two-level)");
   TORCH_CHECK(group == 16 || group == 32, "ggml_pack: groups of 16 or 32");
-  TORCH_CHECK(format == kInt8g || (group == 32 && has_min), "ggml_pack: int4 has groups of 32 with minimums");
+  TORCH_CHECK(format == kInt8g || (group == 32 && has_min), "ggml_pack: int4 and int5 have groups of 32 with minimums");
   TORCH_CHECK(order.scalar_type() == at::kLong && order.dim() == 1 && order.is_contiguous(), "ggml_pack: order is [N] int64");
   const Plan P{format, group, scales, has_min, cols};
   TORCH_CHECK(cols > 0 && cols % P.unit() == 0, "ggml_pack: ", cols, " columns are not a whole number of ", P.unit());
@@ -297,11 +323,13 @@ at::Tensor ggml_pack(const std::vector<at::Tensor>& parts, const std::vector<int
     TORCH_CHECK(t.group >= group, "ggml_pack: a type's groups of ", t.group, " cannot be read at groups of ", group);
     TORCH_CHECK(scales != kTwoLevel || t.k_quant, "ggml_pack: two-level scales need K-quants");
     TORCH_CHECK(has_min || !t.has_min, "ggml_pack: a type with minimums needs them in the packed weight");
+    TORCH_CHECK(t.bits <= P.bits(), "ggml_pack: ggml type ", types[i], " has codes wider than ", P.bits(), " bits");
     const at::Tensor& raw = parts[i];
     TORCH_CHECK(raw.scalar_type() == at::kByte && raw.is_contiguous(), "ggml_pack: parts are contiguous uint8");
     const int64_t row_bytes = cols / t.block * t.bytes;
     TORCH_CHECK(raw.numel() % row_bytes == 0, "ggml_pack: part ", i, " is not a whole number of rows");
-    sources.push_back({raw.const_data_ptr<uint8_t>(), types[i], raw.numel() / row_bytes, row_bytes, t.group});
+    const bool shift = format == kInt5 && !t.has_min;  // Q5_0
+    sources.push_back({raw.const_data_ptr<uint8_t>(), types[i], raw.numel() / row_bytes, row_bytes, t.group, shift});
     total_rows += sources.back().rows;
   }
   const int64_t n = order.numel();
@@ -322,7 +350,7 @@ at::Tensor ggml_pack(const std::vector<at::Tensor>& parts, const std::vector<int
         while (r >= sources[i].rows) r -= sources[i++].rows;
         const Source& src = sources[i];
         decode_row(src.type, src.data + r * src.row_bytes, cols, row);
-        if (!put_channel(P, strip, c, row, src.group)) ok = false;
+        if (!put_channel(P, strip, c, row, src)) ok = false;
       }
     }
   });

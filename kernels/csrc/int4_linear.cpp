@@ -1,4 +1,5 @@
-// Weight-only int4 linear layer on the CPU: y = x . W^T + bias, W group-wise asymmetric int4 (like Q4_1).
+// Weight-only int4 and int5 linear layers on the CPU: y = x . W^T + bias, W group-wise asymmetric 4- or 5-bit
+// (like Q4_1, Q5_1).
 //
 // The weight comes packed by kernels/int4.py: one byte stream per strip of 16 output channels, a block per
 // group of 32 input features: 4 x 64 bytes of nibbles (bytes 4c + b of the j-th 64 hold k = 8j + b in the low
@@ -7,6 +8,11 @@
 // a 2368-byte block per super-block of 8 groups, its 16 d_super and 16 m_super (fp16), then per group the
 // nibbles, 16 d_sub and 16 m_sub (int8); a group's d = d_super * d_sub and m = m_super * m_sub, both exact fp32
 // products, decoded per group in registers. The block size picks the kernel (`Scale`).
+// int5 (kernels/int4.py: Int5Weight, `int5_linear`): the same blocks with each group's fifth bits after its
+// nibbles, 64 bytes: channel c's 32-bit lane holds, at bit i = 4 j + p (0..15), the fifth bit of the k whose
+// nibble `(raw_j >> 4p) & 0x000F000F` puts in the lane's low word, and at bit 16 + i that of the high word's k;
+// one shift by i - 4 and a mask move both to bit 4 of their word. Blocks of 384 (fp16), 448 (fp32), 2880
+// (two-level: 64 + 8 x 352) bytes: 0.6875, 0.8125, 0.703 bytes per weight (Q5_0's, Q5_1's 0.75, Q5_K's 0.6875).
 //
 // Inputs are quantized per row and group of 32 to int16: s = max|x| / 32767, xq = round(x / s) (half to
 // even), the same operations as kernels/int4.py's `quantize_activations`. Then a group's contribution to
@@ -32,6 +38,7 @@
 
 #include <cmath>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -50,37 +57,42 @@ namespace {
 constexpr int64_t kStrip = 16;                          // output channels per strip
 constexpr int64_t kGroup = 32;                          // input features per scale and minimum
 constexpr int64_t kNibbleBytes = kStrip * kGroup / 2;   // 256
+template <int Bits>
+constexpr int64_t kHighBytes = Bits == 5 ? kStrip * 4 : 0;  // int5: a group's fifth bits, a 32-bit lane a channel
 
 // how a strip stores its groups' d and m: `Scale` (c10::Half, float) in each group's block, or two-level
 // (`Super`: int8 in each group's block, times the fp16 in its super-block's head)
 struct Super {};
-template <typename Scale>
+template <typename Scale, int Bits>
 struct Blocks {
   static constexpr int64_t kGroups = 1;     // groups a super-block
   static constexpr int64_t kHeadBytes = 0;  // a super-block's d_super and m_super
   static constexpr int64_t kScaleBytes = kStrip * static_cast<int64_t>(sizeof(Scale));  // a group's 16 d (or m)
-  static constexpr int64_t kBlockBytes = kNibbleBytes + 2 * kScaleBytes;                // 320, 384
+  static constexpr int64_t kCodeBytes = kNibbleBytes + kHighBytes<Bits>;                // 256, 320
+  static constexpr int64_t kBlockBytes = kCodeBytes + 2 * kScaleBytes;                  // 320, 384; 384, 448
 };
-template <>
-struct Blocks<Super> {
+template <int Bits>
+struct Blocks<Super, Bits> {
   static constexpr int64_t kGroups = 8;
   static constexpr int64_t kHeadBytes = 2 * kStrip * 2;
   static constexpr int64_t kScaleBytes = kStrip;  // int8
-  static constexpr int64_t kBlockBytes = kNibbleBytes + 2 * kScaleBytes;  // 288
+  static constexpr int64_t kCodeBytes = kNibbleBytes + kHighBytes<Bits>;
+  static constexpr int64_t kBlockBytes = kCodeBytes + 2 * kScaleBytes;  // 288, 352
 };
-// the packed tensor's last dimension: a group's block (320, 384), or a super-block's (2368)
-template <typename Scale>
-constexpr int64_t kSuperBytes = Blocks<Scale>::kHeadBytes + Blocks<Scale>::kGroups * Blocks<Scale>::kBlockBytes;
+// the packed tensor's last dimension: a group's block (320, 384; 384, 448), or a super-block's (2368; 2880)
+template <typename Scale, int Bits>
+constexpr int64_t kSuperBytes =
+    Blocks<Scale, Bits>::kHeadBytes + Blocks<Scale, Bits>::kGroups * Blocks<Scale, Bits>::kBlockBytes;
 
-// group g of a strip: its block (nibbles, then its scales) and its super-block's head
-template <typename Scale>
+// group g of a strip: its block (nibbles, fifth bits, then its scales) and its super-block's head
+template <typename Scale, int Bits>
 inline const uint8_t* group_head(const uint8_t* strip, int64_t g) {
-  return strip + (g / Blocks<Scale>::kGroups) * kSuperBytes<Scale>;
+  return strip + (g / Blocks<Scale, Bits>::kGroups) * kSuperBytes<Scale, Bits>;
 }
-template <typename Scale>
+template <typename Scale, int Bits>
 inline const uint8_t* group_block(const uint8_t* strip, int64_t g) {
-  using B = Blocks<Scale>;
-  return group_head<Scale>(strip, g) + B::kHeadBytes + (g % B::kGroups) * B::kBlockBytes;
+  using B = Blocks<Scale, Bits>;
+  return group_head<Scale, Bits>(strip, g) + B::kHeadBytes + (g % B::kGroups) * B::kBlockBytes;
 }
 constexpr int64_t kPairs = kGroup / 2;                  // int16 input pairs per group
 #ifdef INFER_INT4_AVX2
@@ -97,7 +109,7 @@ constexpr int kPairLow[4] = {0, 4, 1, 5}, kPairHigh[4] = {2, 6, 3, 7};
 
 struct Problem {
   int64_t M, N, K;          // K padded to a multiple of 32
-  const uint8_t* packed;    // [N_pad / 16][K / 32][320 | 384] or [N_pad / 16][K / 256][2368]
+  const uint8_t* packed;    // [N_pad / 16][K / 32][block] or [N_pad / 16][K / 256][super-block]
   const int32_t* xq;        // [M][K / 2]: int16 pairs, per group in kPairLow/kPairHigh order
   const float* xs;          // [M][K / 32]: s
   const float* xsum;        // [M][K / 32]: sum of the group's xq (an integer)
@@ -106,9 +118,9 @@ struct Problem {
 };
 
 // channel c's d (which 0) or m (which 1) of the group whose block and head are given, as fp32
-template <typename Scale>
+template <typename Scale, int Bits>
 inline float scale_at(const uint8_t* head, const uint8_t* block, int which, int64_t c) {
-  const uint8_t* p = block + kNibbleBytes + which * Blocks<Scale>::kScaleBytes;
+  const uint8_t* p = block + Blocks<Scale, Bits>::kCodeBytes + which * Blocks<Scale, Bits>::kScaleBytes;
   if constexpr (std::is_same_v<Scale, Super>) {
     uint16_t bits;
     std::memcpy(&bits, head + 2 * (which * kStrip + c), sizeof bits);
@@ -148,6 +160,16 @@ void quantize_row(const float* x, int64_t K, int32_t* pairs, float* s, float* su
   }
 }
 
+// f(j, p) for the 16 pairs of a group's codes, j and p compile-time constants (std::integral_constant)
+template <typename F, int... I>
+inline void for_pairs_of(F& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I / 4>{}, std::integral_constant<int, I % 4>{}), ...);
+}
+template <typename F>
+inline void for_pairs(F& f) {
+  for_pairs_of(f, std::make_integer_sequence<int, 16>{});
+}
+
 // y[m, n0 : n0 + width] = acc (+ bias), for the channels that exist
 inline void store_row(const Problem& P, int64_t m, int64_t n0, const float* acc) {
   const int64_t width = std::min(kStrip, P.N - n0);
@@ -164,9 +186,9 @@ inline __m512i dot_pairs(__m512i acc, __m512i w, __m512i x) {
 }
 
 // the 16 d (which 0) or m (which 1) of the group whose block and head are given
-template <typename Scale>
+template <typename Scale, int Bits>
 inline __m512 load_scales(const uint8_t* head, const uint8_t* block, int which) {
-  const uint8_t* p = block + kNibbleBytes + which * Blocks<Scale>::kScaleBytes;
+  const uint8_t* p = block + Blocks<Scale, Bits>::kCodeBytes + which * Blocks<Scale, Bits>::kScaleBytes;
   if constexpr (std::is_same_v<Scale, Super>) {
     const __m512 sup = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(head + 32 * which)));
     return _mm512_mul_ps(sup, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
@@ -177,7 +199,15 @@ inline __m512 load_scales(const uint8_t* head, const uint8_t* block, int which) 
   }
 }
 
-template <typename Scale, int R>
+// a lane's fifth bits for pair i = 4 j + p (bits i and 16 + i) at bit 4 of its low and high words
+template <int I>
+inline __m512i fifth_bits(__m512i high) {
+  const __m512i at4 = _mm512_set1_epi32(0x00100010);
+  if constexpr (I >= 4) return _mm512_and_si512(_mm512_srli_epi32(high, I - 4), at4);
+  else return _mm512_and_si512(_mm512_slli_epi32(high, 4 - I), at4);
+}
+
+template <typename Scale, int Bits, int R>
 void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   const int64_t groups = P.K / kGroup, row_pairs = P.K / 2;
   const __m512i low4 = _mm512_set1_epi32(0x000F000F);
@@ -185,18 +215,20 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int32_t* xq = P.xq + m0 * row_pairs;
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t *block = group_block<Scale>(strip, g), *head = group_head<Scale>(strip, g);
+    const uint8_t *block = group_block<Scale, Bits>(strip, g), *head = group_head<Scale, Bits>(strip, g);
     __m512i dot[R];
     for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
-    for (int j = 0; j < 4; ++j) {
+    const __m512i high = Bits == 5 ? _mm512_loadu_si512(block + kNibbleBytes) : _mm512_setzero_si512();
+    const auto pairs = [&](auto jc, auto pc) {
+      constexpr int j = decltype(jc)::value, p = decltype(pc)::value;
       const __m512i raw = _mm512_loadu_si512(block + 64 * j);  // lane c: channel c's 4 bytes
-      for (int p = 0; p < 4; ++p) {
-        const __m512i w = _mm512_and_si512(_mm512_srli_epi32(raw, 4 * p), low4);  // two k a lane, int16 each
-        for (int r = 0; r < R; ++r)
-          dot[r] = dot_pairs(dot[r], w, _mm512_set1_epi32(xq[r * row_pairs + g * kPairs + 4 * j + p]));
-      }
-    }
-    const __m512 d = load_scales<Scale>(head, block, 0), mn = load_scales<Scale>(head, block, 1);
+      __m512i w = _mm512_and_si512(_mm512_srli_epi32(raw, 4 * p), low4);  // two k a lane, int16 each
+      if constexpr (Bits == 5) w = _mm512_or_si512(w, fifth_bits<4 * j + p>(high));
+      for (int r = 0; r < R; ++r)
+        dot[r] = dot_pairs(dot[r], w, _mm512_set1_epi32(xq[r * row_pairs + g * kPairs + 4 * j + p]));
+    };
+    for_pairs(pairs);
+    const __m512 d = load_scales<Scale, Bits>(head, block, 0), mn = load_scales<Scale, Bits>(head, block, 1);
     for (int r = 0; r < R; ++r) {
       const int64_t i = (m0 + r) * groups + g;
       const __m512 t = _mm512_fmadd_ps(mn, _mm512_set1_ps(P.xsum[i]), _mm512_mul_ps(d, _mm512_cvtepi32_ps(dot[r])));
@@ -211,9 +243,9 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
 }
 #elif defined(INFER_INT4_AVX2)
 // the 16 d (which 0) or m (which 1) of the group whose block and head are given: channels 0-7, 8-15
-template <typename Scale>
+template <typename Scale, int Bits>
 inline void load_scales(const uint8_t* head, const uint8_t* block, int which, __m256* half) {
-  const uint8_t* p = block + kNibbleBytes + which * Blocks<Scale>::kScaleBytes;
+  const uint8_t* p = block + Blocks<Scale, Bits>::kCodeBytes + which * Blocks<Scale, Bits>::kScaleBytes;
   for (int h = 0; h < 2; ++h) {
     if constexpr (std::is_same_v<Scale, Super>) {
       const __m256 sup = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(head + 32 * which + 16 * h)));
@@ -227,8 +259,16 @@ inline void load_scales(const uint8_t* head, const uint8_t* block, int which, __
   }
 }
 
+// a lane's fifth bits for pair i = 4 j + p (bits i and 16 + i) at bit 4 of its low and high words
+template <int I>
+inline __m256i fifth_bits(__m256i high) {
+  const __m256i at4 = _mm256_set1_epi32(0x00100010);
+  if constexpr (I >= 4) return _mm256_and_si256(_mm256_srli_epi32(high, I - 4), at4);
+  else return _mm256_and_si256(_mm256_slli_epi32(high, 4 - I), at4);
+}
+
 // the AVX-512 tile's operations on two halves of 8 channels (vpmaddwd + add: 16 products each)
-template <typename Scale, int R>
+template <typename Scale, int Bits, int R>
 void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   const int64_t groups = P.K / kGroup, row_pairs = P.K / 2;
   const __m256i low4 = _mm256_set1_epi32(0x000F000F);
@@ -236,24 +276,30 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const int32_t* xq = P.xq + m0 * row_pairs;
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t *block = group_block<Scale>(strip, g), *head = group_head<Scale>(strip, g);
+    const uint8_t *block = group_block<Scale, Bits>(strip, g), *head = group_head<Scale, Bits>(strip, g);
     __m256i dot[R][2];
     for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      __m256i raw[2];  // lane c: channel 8h + c's 4 bytes
-      for (int h = 0; h < 2; ++h) raw[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32 * h));
-      for (int p = 0; p < 4; ++p) {
-        __m256i w[2];  // two k a lane, int16 each
-        for (int h = 0; h < 2; ++h) w[h] = _mm256_and_si256(_mm256_srli_epi32(raw[h], 4 * p), low4);
-        for (int r = 0; r < R; ++r) {
-          const __m256i x = _mm256_set1_epi32(xq[r * row_pairs + g * kPairs + 4 * j + p]);
-          for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(w[h], x));
-        }
+    __m256i high[2];  // lane c: channel 8h + c's fifth bits
+    for (int h = 0; h < 2; ++h)
+      high[h] = Bits == 5 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kNibbleBytes + 32 * h))
+                          : _mm256_setzero_si256();
+    const auto pairs = [&](auto jc, auto pc) {
+      constexpr int j = decltype(jc)::value, p = decltype(pc)::value;
+      __m256i w[2];  // two k a lane, int16 each
+      for (int h = 0; h < 2; ++h) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32 * h));
+        w[h] = _mm256_and_si256(_mm256_srli_epi32(raw, 4 * p), low4);
+        if constexpr (Bits == 5) w[h] = _mm256_or_si256(w[h], fifth_bits<4 * j + p>(high[h]));
       }
-    }
+      for (int r = 0; r < R; ++r) {
+        const __m256i x = _mm256_set1_epi32(xq[r * row_pairs + g * kPairs + 4 * j + p]);
+        for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(w[h], x));
+      }
+    };
+    for_pairs(pairs);
     __m256 d[2], mn[2];
-    load_scales<Scale>(head, block, 0, d);
-    load_scales<Scale>(head, block, 1, mn);
+    load_scales<Scale, Bits>(head, block, 0, d);
+    load_scales<Scale, Bits>(head, block, 1, mn);
     for (int r = 0; r < R; ++r) {
       const int64_t i = (m0 + r) * groups + g;
       const __m256 xs = _mm256_set1_ps(P.xs[i]), xsum = _mm256_set1_ps(P.xsum[i]);
@@ -271,26 +317,29 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   }
 }
 #else
-template <typename Scale, int R>
+template <typename Scale, int Bits, int R>
 void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   const int64_t groups = P.K / kGroup, row_pairs = P.K / 2;
   float acc[R][kStrip] = {};
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t *block = group_block<Scale>(strip, g), *head = group_head<Scale>(strip, g);
+    const uint8_t *block = group_block<Scale, Bits>(strip, g), *head = group_head<Scale, Bits>(strip, g);
     int32_t dot[R][kStrip] = {};
     for (int j = 0; j < 4; ++j)
       for (int p = 0; p < 4; ++p)
         for (int64_t c = 0; c < kStrip; ++c) {
-          uint32_t raw;
+          uint32_t raw, high = 0;
           std::memcpy(&raw, block + 64 * j + 4 * c, sizeof raw);
-          const int32_t lo = (raw >> (4 * p)) & 15, hi = (raw >> (4 * p + 16)) & 15;
+          if (Bits == 5) std::memcpy(&high, block + kNibbleBytes + 4 * c, sizeof high);
+          const int i = 4 * j + p;
+          const int32_t lo = ((raw >> (4 * p)) & 15) | (((high >> i) & 1) << 4);
+          const int32_t hi = ((raw >> (4 * p + 16)) & 15) | (((high >> (16 + i)) & 1) << 4);
           for (int r = 0; r < R; ++r) {
             const int32_t x = P.xq[(m0 + r) * row_pairs + g * kPairs + 4 * j + p];
             dot[r][c] += lo * static_cast<int16_t>(x & 0xFFFF) + hi * static_cast<int16_t>(x >> 16);
           }
         }
     for (int64_t c = 0; c < kStrip; ++c) {
-      const float d = scale_at<Scale>(head, block, 0, c), mn = scale_at<Scale>(head, block, 1, c);
+      const float d = scale_at<Scale, Bits>(head, block, 0, c), mn = scale_at<Scale, Bits>(head, block, 1, c);
       for (int r = 0; r < R; ++r) {
         const int64_t i = (m0 + r) * groups + g;
         const float t = std::fma(mn, P.xsum[i], d * static_cast<float>(dot[r][c]));
@@ -302,50 +351,49 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
 }
 #endif
 
-template <typename Scale>
+template <typename Scale, int Bits>
 void strip_rows(const Problem& P, const uint8_t* strip, int64_t n0) {
   for (int64_t m0 = 0; m0 < P.M; m0 += kTileRows) {
     switch (std::min<int64_t>(kTileRows, P.M - m0)) {
 #ifndef INFER_INT4_AVX2
-      case 8: tile<Scale, 8>(P, strip, m0, n0); break;
-      case 7: tile<Scale, 7>(P, strip, m0, n0); break;
-      case 6: tile<Scale, 6>(P, strip, m0, n0); break;
-      case 5: tile<Scale, 5>(P, strip, m0, n0); break;
-      case 4: tile<Scale, 4>(P, strip, m0, n0); break;
+      case 8: tile<Scale, Bits, 8>(P, strip, m0, n0); break;
+      case 7: tile<Scale, Bits, 7>(P, strip, m0, n0); break;
+      case 6: tile<Scale, Bits, 6>(P, strip, m0, n0); break;
+      case 5: tile<Scale, Bits, 5>(P, strip, m0, n0); break;
+      case 4: tile<Scale, Bits, 4>(P, strip, m0, n0); break;
 #endif
-      case 3: tile<Scale, 3>(P, strip, m0, n0); break;
-      case 2: tile<Scale, 2>(P, strip, m0, n0); break;
-      default: tile<Scale, 1>(P, strip, m0, n0); break;
+      case 3: tile<Scale, Bits, 3>(P, strip, m0, n0); break;
+      case 2: tile<Scale, Bits, 2>(P, strip, m0, n0); break;
+      default: tile<Scale, Bits, 1>(P, strip, m0, n0); break;
     }
   }
 }
 
-template <typename Scale>
+template <typename Scale, int Bits>
 void run(const Problem& P) {
   const int64_t num_strips = (P.N + kStrip - 1) / kStrip;
-  const int64_t strip_bytes = (P.K / (kGroup * Blocks<Scale>::kGroups)) * kSuperBytes<Scale>;
+  const int64_t strip_bytes = (P.K / (kGroup * Blocks<Scale, Bits>::kGroups)) * kSuperBytes<Scale, Bits>;
   at::parallel_for(0, num_strips, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s) strip_rows<Scale>(P, P.packed + s * strip_bytes, s * kStrip);
+    for (int64_t s = begin; s < end; ++s) strip_rows<Scale, Bits>(P, P.packed + s * strip_bytes, s * kStrip);
   });
 }
 
-}  // namespace
-
-// x: [M, K_in] fp32 or bf16; packed: [N_pad / 16, K / 32, 320 | 384] or [N_pad / 16, K / 256, 2368] uint8
-// -> [M, N], x's dtype
-at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-                       int64_t out_features) {
-  TORCH_CHECK(x.dim() == 2, "int4_linear: x must be [M, K]");
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
-                  (packed.size(2) == kSuperBytes<c10::Half> || packed.size(2) == kSuperBytes<float> ||
-                   packed.size(2) == kSuperBytes<Super>),
-              "int4_linear: packed must be [N/16, K/32, 320 or 384] or [N/16, K/256, 2368] uint8");
-  const bool super = packed.size(2) == kSuperBytes<Super>;
-  const int64_t K = packed.size(1) * kGroup * (super ? Blocks<Super>::kGroups : 1), k_in = x.size(1);
-  TORCH_CHECK(k_in <= K && K - k_in < kGroup, "int4_linear: x has ", k_in, " features, weight ", K);
+// y = x . W^T + bias for W packed with `Bits`-bit codes (see the top of the file)
+template <int Bits>
+at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                          int64_t out_features, const char* name) {
+  TORCH_CHECK(x.dim() == 2, name, ": x must be [M, K]");
+  const int64_t block = packed.dim() == 3 ? packed.size(2) : 0;
+  const bool super = block == kSuperBytes<Super, Bits>;
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  (block == kSuperBytes<c10::Half, Bits> || block == kSuperBytes<float, Bits> || super),
+              name, ": packed must be [N/16, K/32, ", kSuperBytes<c10::Half, Bits>, " or ", kSuperBytes<float, Bits>,
+              "] or [N/16, K/256, ", kSuperBytes<Super, Bits>, "] uint8");
+  const int64_t K = packed.size(1) * kGroup * (super ? Blocks<Super, Bits>::kGroups : 1), k_in = x.size(1);
+  TORCH_CHECK(k_in <= K && K - k_in < kGroup, name, ": x has ", k_in, " features, weight ", K);
   TORCH_CHECK(out_features > 0 && out_features <= packed.size(0) * kStrip && out_features > (packed.size(0) - 1) * kStrip,
-              "int4_linear: out_features does not fit the packed strips");
-  if (bias.has_value()) TORCH_CHECK(bias->numel() == out_features, "int4_linear: bias must be [out_features]");
+              name, ": out_features does not fit the packed strips");
+  if (bias.has_value()) TORCH_CHECK(bias->numel() == out_features, name, ": bias must be [out_features]");
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor bias_f;
   if (bias.has_value()) bias_f = bias->to(at::kFloat).contiguous();
@@ -370,17 +418,37 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
     else quantize(0, M);
     const Problem P{M, out_features, K, packed.const_data_ptr<uint8_t>(), xq_data, xs_data, xsum_data,
                     bias.has_value() ? bias_f.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>()};
-    if (super) run<Super>(P);
-    else if (packed.size(2) == kSuperBytes<float>) run<float>(P);
-    else run<c10::Half>(P);
+    if (super) run<Super, Bits>(P);
+    else if (block == kSuperBytes<float, Bits>) run<float, Bits>(P);
+    else run<c10::Half, Bits>(P);
   }
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+}  // namespace
+
+// x: [M, K_in] fp32 or bf16; packed: [N_pad / 16, K / 32, 320 | 384] or [N_pad / 16, K / 256, 2368] uint8
+// -> [M, N], x's dtype
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                       int64_t out_features) {
+  return grouped_linear<4>(x, packed, bias, out_features, "int4_linear");
+}
+
+// x: [M, K_in] fp32 or bf16; packed: [N_pad / 16, K / 32, 384 | 448] or [N_pad / 16, K / 256, 2880] uint8
+// -> [M, N], x's dtype
+at::Tensor int5_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                       int64_t out_features) {
+  return grouped_linear<5>(x, packed, bias, out_features, "int5_linear");
 }
 
 }  // namespace infer_cpu
 
 TORCH_LIBRARY_FRAGMENT(infer_cpu, m) {
   m.def("int4_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  m.def("int5_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(infer_cpu, CPU, m) { m.impl("int4_linear", &infer_cpu::int4_linear); }
+TORCH_LIBRARY_IMPL(infer_cpu, CPU, m) {
+  m.impl("int4_linear", &infer_cpu::int4_linear);
+  m.impl("int5_linear", &infer_cpu::int5_linear);
+}

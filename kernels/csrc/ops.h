@@ -20,6 +20,9 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 // scales)
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                        int64_t out_features);
+// the same for 5-bit codes (kernels/int4.py: Int5Weight, a group's fifth bits after its nibbles)
+at::Tensor int5_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                       int64_t out_features);
 
 // int8g_linear.cpp: x [M, K] . dequantize(packed)^T + bias, packed by kernels/int8g.py (groups of 16 or 32;
 // scale_bytes 2: fp16, 4: fp32, 1: two-level)

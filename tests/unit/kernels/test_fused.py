@@ -13,7 +13,16 @@ from infer.engine.config import EngineConfig
 from infer.engine.loader import load_model
 from infer.engine.models import CausalLM
 from infer.engine.runner import ModelRunner, SeqWork
-from infer.kernels import PackedWeight, SuperScales, pack_int4, pack_int4_super, pack_int8g, pack_int8g_super
+from infer.kernels import (
+    PackedWeight,
+    SuperScales,
+    pack_int4,
+    pack_int4_super,
+    pack_int5,
+    pack_int5_super,
+    pack_int8g,
+    pack_int8g_super,
+)
 from infer.kernels.int4 import quantize_int4
 from infer.kernels.int8g import quantize_int8g
 from tests.helpers.compiled import require_compiled_kernels
@@ -59,10 +68,21 @@ def _int8g_with_min(w: torch.Tensor, group: int) -> PackedWeight:
     return pack_int8g(q, d, m, group, torch.float32)
 
 
+def _int5(w: torch.Tensor) -> PackedWeight:
+    """Asymmetric 5-bit groups of 32 (as Q5_1, or Q5_0 with codes + 16), fp16 scales."""
+    n, k = w.shape
+    wg = w.float().view(n, k // 32, 32)
+    m = wg.amin(dim=2).half().float()
+    d = ((wg.amax(dim=2) - m) / 31).clamp(min=1e-4).half().float()
+    q = torch.round((wg - m[..., None]) / d[..., None]).clamp(0, 31).to(torch.uint8).view(n, k)
+    return pack_int5(q, d, m, torch.float16)
+
+
 # one format a projection, rotated layer by layer: each projection meets each format
 MIXED = (
     lambda w: quantize_int8g(w, 32),  # symmetric, fp16 scales (Q8_0)
     _int4_fp32,
+    _int5,
     lambda w: _int8g_with_min(w, 32),
     lambda w: _int8g_with_min(w, 16),  # groups of 16 (Q2_K)
     lambda w: quantize_int8g(w, 16),
@@ -94,16 +114,20 @@ def _two_level(w: torch.Tensor, group: int, has_min: bool, codes: tuple[int, int
         m_q = m_super.repeat_interleave(per, dim=1) * m_sub.float()
     q = torch.round((wg - m_q[..., None]) / d_q[..., None]).clamp(lo, hi).view(n, k)
     scales = SuperScales(d_sub, d_super, m_sub, m_super)
-    return pack_int4_super(q.to(torch.uint8), scales) if hi == 15 else pack_int8g_super(q.to(torch.int8), scales, group)
+    if hi == 15:
+        return pack_int4_super(q.to(torch.uint8), scales)
+    if (lo, hi) == (0, 31) and has_min:
+        return pack_int5_super(q.to(torch.uint8), scales)
+    return pack_int8g_super(q.to(torch.int8), scales, group)
 
 
 def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, group: int) -> PackedWeight:
-    if m is not None and group == 32 and int(q.min()) >= 0 and int(q.max()) <= 15:
-        return pack_int4(q.to(torch.uint8), d, m, torch.float32)
+    if m is not None and group == 32 and int(q.min()) >= 0 and int(q.max()) <= 31:
+        return (pack_int4 if int(q.max()) <= 15 else pack_int5)(q.to(torch.uint8), d, m, torch.float32)
     return pack_int8g(q.to(torch.int8), d, m, group, torch.float32)
 
 
-# K-quants' two-level forms, rotated as MIXED: Q4_K (int4), Q6_K, Q5_K, Q2_K, Q3_K (8-bit groups)
+# K-quants' two-level forms, rotated as MIXED: Q4_K (int4), Q6_K (8-bit groups), Q5_K (int5), Q2_K, Q3_K (8-bit)
 TWO_LEVEL = (
     lambda w: _two_level(w, 32, True, (0, 15)),
     lambda w: _two_level(w, 16, False, (-32, 31)),

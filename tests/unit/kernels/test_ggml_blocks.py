@@ -23,6 +23,9 @@ MIXES = [
     (T.Q5_0, T.Q5_0, T.Q8_0),  # Gemma 3 / Qwen2.5 0.5B: int8g, fp16 scales
     (T.Q4_0, T.Q4_1, T.Q4_K),  # int4 whose parts' scales are not all two-level: fp32
     (T.Q4_0, T.Q4_1),  # int4, fp16
+    (T.Q5_0, T.Q5_0, T.Q4_0),  # Qwen2.5 0.5B's gate/up (and a 4-bit part): int5, fp16, Q5_0's codes + 16
+    (T.Q5_K, T.Q4_K, T.Q5_K),  # Q5_K_M files: int5, two-level
+    (T.Q5_1, T.Q4_K, T.Q5_0),  # int5, fp32
     (T.Q5_1, T.Q8_0, T.Q5_K),  # int8g groups of 32, fp32, minimums beside symmetric parts
     (T.Q2_K, T.Q3_K, T.Q5_K),  # int8g two-level, groups of 16, minimums beside a symmetric part
 ]
@@ -76,7 +79,7 @@ def test_mixed_parts_pack_to_the_oracles_bytes(types: tuple[GGMLQuantizationType
 
 
 def test_a_plan_may_store_fp16_values_as_fp32() -> None:
-    plan = BlockPlan(int4=True, group=32, scales="fp32", has_min=True)
+    plan = BlockPlan(codes="int4", group=32, scales="fp32", has_min=True)
     compiled, oracle = _both_ways((T.Q4_1,), (20,), plan=plan)
     _assert_same(compiled, oracle)
     assert compiled.packed.shape[2] == 384  # fp32 d and m: 256 bytes of nibbles + 2 x 16 x 4
@@ -93,11 +96,11 @@ def test_the_packed_weight_is_the_decoded_one() -> None:
 def test_scales_a_plan_cannot_store_are_refused() -> None:
     blocks = random_blocks(T.Q4_0, 16, COLS)
     blocks[3, :2] = np.array([np.float16(60000.0)]).view(np.uint8)  # d fits fp16, m = -8 d does not
-    fp16 = BlockPlan(int4=True, group=32, scales="fp16", has_min=True)
+    fp16 = BlockPlan(codes="int4", group=32, scales="fp16", has_min=True)
     with pytest.raises(ValueError, match="fp16"):
         pack_ggml_blocks([BlockRows(blocks, int(T.Q4_0))], np.arange(16), COLS, fp16)
     blocks[5, :2] = np.array([np.float16(np.inf)]).view(np.uint8)
-    fp32 = BlockPlan(int4=True, group=32, scales="fp32", has_min=True)
+    fp32 = BlockPlan(codes="int4", group=32, scales="fp32", has_min=True)
     with pytest.raises(ValueError, match="not finite"):
         pack_ggml_blocks([BlockRows(blocks, int(T.Q4_0))], np.arange(16), COLS, fp32)
 
@@ -105,6 +108,9 @@ def test_scales_a_plan_cannot_store_are_refused() -> None:
 def test_blocks_that_do_not_fit_the_plan_are_refused() -> None:
     blocks = random_blocks(T.Q6_K, 16, COLS)
     with pytest.raises(ValueError, match="groups of 16 cannot be read at groups of 32"):
-        pack_ggml_blocks([BlockRows(blocks, int(T.Q6_K))], np.arange(16), COLS, BlockPlan(False, 32, "fp32", False))
+        pack_ggml_blocks([BlockRows(blocks, int(T.Q6_K))], np.arange(16), COLS, BlockPlan("int8g", 32, "fp32", False))
     with pytest.raises(ValueError, match="order out of range"):
         pack_ggml_blocks([BlockRows(blocks, int(T.Q6_K))], np.arange(17), COLS, block_plan((T.Q6_K,), COLS))
+    q5 = random_blocks(T.Q5_0, 16, COLS)
+    with pytest.raises(ValueError, match="wider than 4 bits"):
+        pack_ggml_blocks([BlockRows(q5, int(T.Q5_0))], np.arange(16), COLS, BlockPlan("int4", 32, "fp32", True))

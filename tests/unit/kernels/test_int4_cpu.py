@@ -1,4 +1,5 @@
-"""Weight-only int4: quantization error, packing, the compiled kernel against the reference, batch invariance."""
+"""Weight-only int4 and int5: quantization error, packing, the compiled kernels against the reference, batch
+invariance."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infer.kernels import Int4Weight, Kernels, SuperScales, pack_int4, pack_int4_super
+from infer.kernels import (
+    Int4Weight,
+    Int5Weight,
+    Kernels,
+    SuperScales,
+    pack_int4,
+    pack_int4_super,
+    pack_int5,
+    pack_int5_super,
+)
 from infer.kernels.int4 import GROUP, INT16_MAX, int4_linear_ref, quantize_activations, quantize_int4
 from tests.helpers.compiled import require_compiled_kernels
 
@@ -339,3 +349,75 @@ def test_the_kernel_refuses_two_level_blocks_of_the_wrong_size_or_inputs() -> No
         _kernel(torch.randn(2, 256), q)
     with pytest.raises(RuntimeError, match="2368"):
         torch.ops.infer_cpu.int4_linear(torch.randn(2, 512), q.packed[..., :-1].contiguous(), None, 20)
+
+
+# int5 (Int5Weight): int4's layout with a group's fifth bits after its nibbles
+
+
+def _int5_parts(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    codes, d, m = _k_quant_parts(n, k, seed)
+    high = torch.randint(0, 2, (n, k), generator=torch.Generator().manual_seed(seed + 1), dtype=torch.uint8)
+    return codes | (high << 4), d, m
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("k", [96, 91])
+def test_pack_int5_keeps_every_code_and_dequantizes_to_codes_times_d_plus_m(k: int, scale_dtype: torch.dtype) -> None:
+    n = 37
+    codes, d, m = _int5_parts(n, k)
+    q = pack_int5(codes, d, m, scale_dtype)
+    assert isinstance(q, Int5Weight) and q.shape == (n, k) and q.scale_dtype == scale_dtype
+    assert q.packed.shape[2] == (384 if scale_dtype == torch.float16 else 448)
+    assert torch.equal(q.codes()[:n, :k], codes)
+    d_s, m_s = d.to(scale_dtype).float(), m.to(scale_dtype).float()
+    expected = F.pad(codes, (0, q.padded_in_features - k)).float().view(n, -1, GROUP) * d_s[..., None] + m_s[..., None]
+    assert torch.equal(q.dequantize(), expected.view(n, -1)[:, :k])
+    ids = torch.tensor([36, 0, 5, 16, 17])
+    assert torch.equal(q.rows(ids), q.dequantize()[ids])
+    with pytest.raises(ValueError, match=r"0\.\.31"):
+        pack_int5(codes + 32, d, m, scale_dtype)
+
+
+def test_int5_lanes_hold_each_fifth_bit_where_the_kernel_reads_it() -> None:
+    """Bit i of channel c's lane is the fifth bit of k = 8 j + (0, 4, 1, 5)[p] (i = 4 j + p), bit 16 + i that of
+    8 j + (2, 6, 3, 7)[p]: the k whose nibbles the kernel's shift by 4 p puts in a lane's low and high int16."""
+    codes = torch.zeros(16, 32, dtype=torch.uint8)
+    codes[3, 13] = 16  # k 13 = 8 * 1 + 5: j 1, p 3 -> the low word's pair: lane bit 4 * 1 + 3 = 7
+    codes[9, 26] = 16  # k 26 = 8 * 3 + 2: j 3, p 0 -> the high word's: lane bit 16 + 12 = 28
+    lanes = pack_int5(codes, torch.ones(16, 1), torch.zeros(16, 1)).packed[0, 0, 256:320].view(torch.int32)
+    assert lanes.tolist() == [1 << 7 if c == 3 else 1 << 28 if c == 9 else 0 for c in range(16)]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 16, 37])
+def test_compiled_int5_kernel_matches_the_reference(rows: int) -> None:
+    require_compiled_kernels()
+    gen = torch.Generator().manual_seed(rows)
+    for n, k, dtype in [(37, 96, torch.float32), (100, 91, torch.float16)]:
+        q = pack_int5(*_int5_parts(n, k, seed=rows), dtype)
+        x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
+        got = q.linear_compiled(x, bias)
+        torch.testing.assert_close(got, int4_linear_ref(x, q, bias), atol=1e-5, rtol=1e-5)
+        assert torch.equal(q.linear_compiled(x[:1], bias), got[:1])  # a row alone: the same bits
+
+
+def _q5_k_parts(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, SuperScales]:
+    codes, scales = _q4_k_parts(n, k, seed)
+    high = torch.randint(0, 2, (n, k), generator=torch.Generator().manual_seed(seed + 1), dtype=torch.uint8)
+    return codes | (high << 4), scales
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_int5_with_two_level_scales_packs_and_runs_like_its_fp32_blocks(rows: int) -> None:
+    require_compiled_kernels()
+    codes, scales = _q5_k_parts(37, 512, seed=rows)
+    q = pack_int5_super(codes, scales)
+    assert q.packed.shape == (3, 2, 64 + 8 * 352) and torch.equal(q.codes()[:37], codes)
+    assert torch.equal(q.dequantize(), _two_level_values(codes, scales))
+    d, m = q.scales()
+    flat = pack_int5(codes, d[:37], m[:37], torch.float32)
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    got = q.linear_compiled(x, None)
+    torch.testing.assert_close(got, int4_linear_ref(x, q), atol=1e-5, rtol=1e-5)
+    assert torch.equal(got, flat.linear_compiled(x, None))  # the same products per group, the same bits
+    with pytest.raises(RuntimeError, match="2880"):
+        torch.ops.infer_cpu.int5_linear(x, q.packed[..., :-1].contiguous(), None, 37)

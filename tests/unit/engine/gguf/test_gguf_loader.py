@@ -105,6 +105,17 @@ def test_formats_follow_the_file(tmp_path: Path) -> None:
     assert model.lm_head.weight is model.embed_packed
 
 
+def test_five_bit_types_land_in_int5(tmp_path: Path) -> None:
+    """Q5_0, Q5_1, Q5_K (and 4-bit parts beside them) keep the file's ~0.69 bytes a weight in int5, not 8 bits."""
+    types = ("Q5_0", "Q5_0", "Q5_0", "Q5_K", "Q5_0", "Q4_K", "Q5_1")
+    model = _load(write_tiny_gguf(tmp_path / "m.gguf", "llama", num_layers=1, types=types), "auto")
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    formats = [(type(w.weight).__name__, w.weight.scale_dtype) for w in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                                                          mlp.down_proj)]  # fmt: skip
+    assert formats == [("Int5Weight", torch.float16), ("Int5Weight", torch.int8), ("Int5Weight", torch.float32),
+                       ("Int5Weight", torch.float16)]  # fmt: skip
+
+
 def test_a_type_with_no_grouped_form_is_rounded_with_one_log_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
