@@ -88,8 +88,14 @@ class AsyncEngine:
         return self.core.predict_ttft_s(num_prompt_tokens)
 
     async def compile_constraint(self, constraint: Constraint) -> None:
-        # NOTE: shielded: the compile is shared (cached); a caller that goes away must not cancel it
-        await asyncio.shield(asyncio.wrap_future(self.core.structured.compiler.submit(constraint)))
+        compiler = self.core.structured.compiler
+        future = compiler.submit(constraint)
+        try:
+            # NOTE: shielded: the compile is shared (cached); a caller that goes away only gives up its interest,
+            # and the compile is dropped if no one else waits for it and it has not started
+            await asyncio.shield(asyncio.wrap_future(future))
+        finally:
+            compiler.release(future)
 
     def stats(self) -> EngineStats:
         return self.core.stats()

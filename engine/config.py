@@ -8,6 +8,7 @@ from typing import Any, Literal
 import torch
 
 from infer.engine.speculative import MAX_SPECULATIVE_TOKENS
+from infer.engine.structured import DEFAULT_COMPILE_BUDGET_S, DEFAULT_MAX_PENDING_GRAMMARS
 from infer.engine.validation import check
 
 DEFAULT_MAX_MODEL_LEN = 2048  # when the model allows as much
@@ -41,6 +42,9 @@ class EngineConfig:
     seed: int = 0
     speculative_tokens: int = 0  # n-gram drafts per step for requests that do not say (0 = off)
     speculative_max_num_seqs: int = 4  # no drafts while more requests than this are running
+    # CPU seconds one grammar compile may take (tried first in a worker process, killed then); more: refused
+    grammar_compile_budget_s: float = DEFAULT_COMPILE_BUDGET_S
+    max_pending_grammars: int = DEFAULT_MAX_PENDING_GRAMMARS  # compiles queued or running; more are refused
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes",
@@ -57,6 +61,8 @@ class EngineConfig:
               f"must be in [0, {MAX_SPECULATIVE_TOKENS}]")  # fmt: skip
         check("speculative_max_num_seqs", self.speculative_max_num_seqs >= 1, "must be >= 1")
         check("static_batch_wait_s", self.static_batch_wait_s >= 0, "must be >= 0")
+        check("grammar_compile_budget_s", self.grammar_compile_budget_s > 0, "must be > 0")
+        check("max_pending_grammars", self.max_pending_grammars >= 1, "must be >= 1")
         if not self.enable_chunked_prefill:
             check("max_num_batched_tokens", self.max_num_batched_tokens >= self.max_model_len,
                    "must be >= max_model_len when chunked prefill is off")  # fmt: skip

@@ -76,7 +76,8 @@ class EngineCore:
         self.eos_token_ids = frozenset(model_info.eos_token_ids)
         self.counters = StepCounters(config.max_num_batched_tokens)
         self.inbox: Inbox[LiveRequest] = Inbox(config.max_waiting_requests, self._snapshot())
-        compiler = GrammarCompiler(tokenizer, model_info.vocab_size, model_info.eos_token_ids)
+        compiler = GrammarCompiler(tokenizer, model_info.vocab_size, model_info.eos_token_ids,
+                                   config.grammar_compile_budget_s, config.max_pending_grammars)  # fmt: skip
         self.structured = StructuredOutputs(compiler, config.max_num_seqs, self.inbox.wake)
         self.speculator = Speculator(
             NgramDraft(), config.speculative_tokens, config.speculative_max_num_seqs, config.max_model_len
@@ -103,16 +104,23 @@ class EngineCore:
         request = LiveRequest(request_id, list(ids), params, time.monotonic(), sink=sink, detokenizer=detokenizer)
         if params.constraint is not None:
             request.grammar = self.structured.grammar(params.constraint)  # compiles off this thread from now
-        self.inbox.add(request)
+        try:
+            self.inbox.add(request)
+        except BaseException:
+            self.structured.release(request)
+            raise
 
     def abort(self, request_id: str) -> None:
         """End the request at the next step (finish_reason abort); an id not in flight is ignored."""
         self.inbox.abort(request_id)
 
     def stats(self) -> EngineStats:
-        """The snapshot published after the last step, with the requests not yet taken in counted as waiting.
-        Safe on any thread: it never reads the scheduler."""
-        return self.inbox.stats()
+        """The snapshot published after the last step, with the requests not yet taken in counted as waiting,
+        and the grammar compiles as they are now. Safe on any thread: it never reads the scheduler."""
+        c = self.structured.compiler.stats
+        return replace(self.inbox.stats(), num_grammars_pending=c.num_pending,
+                       num_grammars_compiled_total=c.num_compiled_total, num_grammars_refused_total=c.num_refused_total,
+                       grammar_compile_s_total=c.compile_s_total)  # fmt: skip
 
     def predict_ttft_s(self, num_prompt_tokens: int) -> float:
         """Time until a new request's first token, from the work queued ahead of it."""

@@ -15,13 +15,10 @@ from typing import Generic, TypeVar
 
 from infer.engine.request import Request
 from infer.engine.stats import EngineStats
+from infer.engine.validation import QueueFullError as QueueFullError  # the waiting queue's error too
 from infer.engine.validation import check
 
 R = TypeVar("R", bound=Request)
-
-
-class QueueFullError(RuntimeError):
-    """The waiting queue holds max_waiting_requests already; retry later."""
 
 
 class Inbox(Generic[R]):

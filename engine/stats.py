@@ -24,6 +24,10 @@ class EngineStats:
     num_steps: int = 0  # forward passes so far
     num_draft_tokens_total: int = 0  # speculative drafts verified
     num_accepted_tokens_total: int = 0  # of which accepted
+    num_grammars_pending: int = 0  # grammar compiles queued or running (what max_pending_grammars bounds)
+    num_grammars_compiled_total: int = 0  # grammar compiles run, whatever their outcome
+    num_grammars_refused_total: int = 0  # constraints refused for what compiling them costs
+    grammar_compile_s_total: float = 0.0  # the compiles' time (their trial in the worker process included)
 
     @property
     def draft_acceptance_rate(self) -> float:

@@ -9,6 +9,7 @@ xgrammar is imported on first use: it takes ~2 s (it pulls in transformers).
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import logging
 import re
@@ -20,8 +21,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from infer.engine.grammar_budget import (
+    CompileRefused,
+    CompileStats,
+    Refusals,
+    Trial,
+    TrialTokenizer,
+    lower_priority,
+    refusal,
+    trial_worker,
+)
 from infer.engine.structured_schema import check_schema, json_schema_grammar
-from infer.engine.validation import InvalidInput, check
+from infer.engine.validation import InvalidInput, QueueFullError, check
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -35,6 +46,9 @@ MAX_CHOICES = 1024
 MAX_CACHED_GRAMMARS = 256
 MAX_CACHED_GRAMMAR_BYTES = 256 << 20
 NUM_COMPILE_THREADS = 2  # NOTE: two, so one slow grammar does not hold up every other request's compile
+DEFAULT_COMPILE_BUDGET_S = 10.0  # CPU seconds one compile may take (grammar_compile_budget_s)
+DEFAULT_MAX_PENDING_GRAMMARS = 16  # compiles queued or running (max_pending_grammars)
+TRIAL_WALL_LIMIT_S = 60.0  # and 10 x the budget: a trial with no answer by then is given up (not refused)
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 
@@ -190,58 +204,123 @@ def _allows_a_token(compiled: xgr.CompiledGrammar, vocab_size: int) -> bool:
 
 
 class GrammarCompiler:
-    """Compiles constraints on its own threads; a bounded cache of results keyed by (kind, text).
+    """Compiles constraints off the step thread; a bounded cache of results keyed by (kind, text).
 
     `submit` is thread-safe and returns at once: a Future of the compiled grammar, or of a ValueError that
-    names the kind. A failure is cached like a success (the same text fails the same way).
+    names the kind; QueueFullError when `max_pending` compiles are already queued or running. Each `submit`
+    counts a caller until the compile is done or the caller calls `release`: a compile whose callers all left
+    before it started is dropped. A failure is cached like a success (the same text fails the same way), and a
+    refusal for its cost (`CompileRefused`) is also remembered beyond the cache.
+
+    Each compile is tried first in a worker process, killed at `budget_s` of CPU time (`grammar_budget`); then
+    it is compiled here, on threads at the lowest priority (nice 19), for the engine's matchers.
     """
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        stop_token_ids: Sequence[int],
+        budget_s: float = DEFAULT_COMPILE_BUDGET_S,
+        max_pending: int = DEFAULT_MAX_PENDING_GRAMMARS,
+    ) -> None:
         self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, tuple(stop_token_ids)
-        self._executor = ThreadPoolExecutor(NUM_COMPILE_THREADS, thread_name_prefix="infer-grammar")
-        self._lock = threading.RLock()  # NOTE: reentrant: a done callback may run inside submit
+        self.budget_s, self.max_pending = budget_s, max_pending
+        lowered = functools.partial(lower_priority, idle=False)
+        self._executor = ThreadPoolExecutor(
+            NUM_COMPILE_THREADS, thread_name_prefix="infer-grammar", initializer=lowered
+        )
+        self._lock = threading.RLock()  # NOTE: reentrant: a done callback may run inside submit or release
         self._cache: OrderedDict[Constraint, Future[xgr.CompiledGrammar]] = OrderedDict()
         self._sizes: dict[Constraint, int] = {}  # memory of the compiled grammars in the cache
-        self._backend: xgr.GrammarCompiler | None = None
+        self._callers: dict[Future[xgr.CompiledGrammar], int] = {}  # compiles not done: their callers waiting
+        self._refused = Refusals()  # beyond the cache
+        self._backend: tuple[xgr.GrammarCompiler, TrialTokenizer] | None = None
         self._backend_lock = threading.Lock()
-        self.num_compiled = 0
-        self.compile_s_total = 0.0
+        self._stopped = threading.Event()  # shutdown: the compile threads waiting for a trial give up
+        self.num_pending = 0  # compiles queued or running
+        self.num_compiled = self.num_refused = 0  # compiles run (whatever their outcome); refusals for cost
+        self.compile_s_total = 0.0  # their time, trial included
 
-    def start(self) -> Future[xgr.GrammarCompiler]:
-        """Import xgrammar and read the vocabulary now, on a compile thread (else the first compile does)."""
-        return self._executor.submit(self._compiler)
+    def start(self) -> Future[None]:
+        """Import xgrammar, read the vocabulary and start the trial worker now (else the first compile does)."""
+        return self._executor.submit(self._start)
+
+    def _start(self) -> None:
+        self._compiler()
+        trial_worker().warm()
 
     def submit(self, constraint: Constraint) -> Future[xgr.CompiledGrammar]:
         with self._lock:
             future = self._cache.get(constraint)
             if future is not None and not future.cancelled():
                 self._cache.move_to_end(constraint)
+                if not future.done():
+                    self._callers[future] = self._callers.get(future, 0) + 1
                 return future
+            if (refused := self._refused.get(constraint)) is not None:
+                failed: Future[xgr.CompiledGrammar] = Future()
+                failed.set_exception(refused)
+                return failed
+            if self.num_pending >= self.max_pending:
+                raise QueueFullError(f"{self.num_pending} grammars are compiling or waiting to (max_pending_grammars)")
             future = self._executor.submit(self._compile, constraint)
+            self.num_pending += 1
+            self._callers[future] = 1
             self._cache[constraint] = future
             self._evict()
-            future.add_done_callback(lambda done: self._count_bytes(constraint, done))
+            future.add_done_callback(lambda done: self._done(constraint, done))
         return future
 
-    def _count_bytes(self, constraint: Constraint, future: Future[xgr.CompiledGrammar]) -> None:
+    def release(self, future: Future[xgr.CompiledGrammar]) -> None:
+        """One caller of `submit` no longer waits for it; when none does, a compile not yet started is dropped."""
         with self._lock:
-            if self._cache.get(constraint) is future and not future.cancelled() and future.exception() is None:
+            if future not in self._callers:  # done
+                return
+            self._callers[future] -= 1
+            if self._callers[future] == 0:
+                future.cancel()  # NOTE: False once it runs; when it is cancelled, _done drops it from the cache
+
+    def _done(self, constraint: Constraint, future: Future[xgr.CompiledGrammar]) -> None:
+        with self._lock:
+            self.num_pending -= 1
+            self._callers.pop(future, None)
+            error = None if future.cancelled() else future.exception()
+            if isinstance(error, CompileRefused):
+                self.num_refused += 1
+                self._refused.add(constraint, error)
+            if self._cache.get(constraint) is not future:
+                return
+            if future.cancelled() or isinstance(error, QueueFullError):  # dropped, or busy: not the text's fault
+                del self._cache[constraint]
+            elif error is None:
                 self._sizes[constraint] = future.result().memory_size_bytes
                 self._evict()
 
     def _compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
         started_s = time.perf_counter()
         try:
-            compiled = _compile(self._compiler(), constraint)
+            return self._compile_tried(constraint)
+        finally:
+            elapsed_s = time.perf_counter() - started_s
+            with self._lock:
+                self.num_compiled += 1
+                self.compile_s_total += elapsed_s
+            logger.debug("compiled a %s constraint in %.1f ms", constraint.kind, elapsed_s * 1e3)
+
+    def _compile_tried(self, constraint: Constraint) -> xgr.CompiledGrammar:
+        """Compiled here once a worker compiled it within the budget."""
+        backend, tokenizer = self._compiler()
+        wall_limit_s = TRIAL_WALL_LIMIT_S + 10 * self.budget_s
+        trial = trial_worker().run(constraint, tokenizer, self.budget_s, wall_limit_s, self._stopped)
+        if trial is not Trial.FINISHED:
+            raise refusal(constraint.kind, trial, self.budget_s, wall_limit_s)
+        try:
+            compiled = _compile(backend, constraint)
         except RuntimeError as e:  # xgrammar's errors for a schema, regex or grammar it cannot take
             raise compile_error(constraint.kind, e) from None
         if not _allows_a_token(compiled, self.vocab_size):  # e.g. a JSON schema whose $refs only loop
             raise InvalidInput(constraint.kind, "does not compile: no output can match it")
-        elapsed_s = time.perf_counter() - started_s
-        with self._lock:
-            self.num_compiled += 1
-            self.compile_s_total += elapsed_s
-        logger.debug("compiled a %s constraint in %.1f ms", constraint.kind, elapsed_s * 1e3)
         return compiled
 
     def _evict(self) -> None:
@@ -252,14 +331,15 @@ class GrammarCompiler:
             oldest, _ = self._cache.popitem(last=False)
             self._sizes.pop(oldest, None)
 
-    def _compiler(self) -> xgr.GrammarCompiler:
+    def _compiler(self) -> tuple[xgr.GrammarCompiler, TrialTokenizer]:
         with self._backend_lock:
             if self._backend is None:
                 import xgrammar as xgr
 
                 started_s = time.perf_counter()
                 info = tokenizer_info(self.tokenizer, self.vocab_size, self.stop_token_ids)
-                self._backend = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+                backend = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+                self._backend = backend, TrialTokenizer.of(info.serialize_json())
                 logger.info("grammar compiler ready in %.1f s", time.perf_counter() - started_s)
             return self._backend
 
@@ -271,5 +351,11 @@ class GrammarCompiler:
     def cached_bytes(self) -> int:
         return sum(self._sizes.values())
 
+    @property
+    def stats(self) -> CompileStats:
+        with self._lock:
+            return CompileStats(self.num_pending, self.num_compiled, self.num_refused, self.compile_s_total)
+
     def shutdown(self) -> None:
+        self._stopped.set()
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -81,7 +81,8 @@ class StructuredOutputs:
         self._batch: xgr.BatchGrammarMatcher | None = None
 
     def grammar(self, constraint: Constraint) -> GrammarState:
-        """Start compiling (thread-safe); `on_compiled` runs when it is done (the step loop wakes up)."""
+        """Start compiling (thread-safe; QueueFullError when the compile queue is full); `on_compiled` runs when
+        it is done (the step loop wakes up). `release` it if its request never reaches the step thread."""
         future = self.compiler.submit(constraint)
         future.add_done_callback(lambda _: self.on_compiled())
         return GrammarState(constraint, future)
@@ -91,7 +92,14 @@ class StructuredOutputs:
         self.pending[request.request_id] = request
 
     def drop(self, request_id: str) -> None:
-        self.pending.pop(request_id, None)
+        """The request ended: a compile only it waited for is dropped unless it has started."""
+        request = self.pending.pop(request_id, None)
+        if request is not None:
+            self.release(request)
+
+    def release(self, request: Request) -> None:
+        if request.grammar is not None:
+            self.compiler.release(request.grammar.future)
 
     def take_compiled(self) -> tuple[list[Request], list[tuple[Request, BaseException]]]:
         """Pending requests whose grammar is done: those now ready (matcher started), and those that failed."""

@@ -1,4 +1,5 @@
-"""One way to reject bad input: `InvalidInput`, which names the field the way the request does."""
+"""One way to reject bad input: `InvalidInput`, which names the field the way the request does; and
+`QueueFullError`, for input refused only because a queue is full."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ class InvalidInput(ValueError):  # noqa: N818 (a ValueError: callers that catch 
 
     def renamed(self, field: str) -> InvalidInput:
         return InvalidInput(field, self.message)
+
+
+class QueueFullError(RuntimeError):
+    """A bounded queue (waiting requests, long prompts, grammar compiles) is full: retry later."""
 
 
 def check(field: str, ok: bool, message: str) -> None:

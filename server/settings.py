@@ -247,6 +247,17 @@ SETTINGS: tuple[Setting, ...] = (
         "n-gram speculative decoding: draft tokens per step for requests that do not set their own (0 = off)",
     ),
     Setting("speculative_max_num_seqs", int, "speculative decoding pauses while more requests than this run"),
+    Setting(
+        "grammar_compile_budget_s",
+        float,
+        "CPU seconds one structured-output grammar (JSON schema, regex, grammar) may take to compile, tried first "
+        "in a low-priority worker process; one that needs more is refused (400) and remembered",
+    ),
+    Setting(
+        "max_pending_grammars",
+        int,
+        "grammar compiles queued or running; more constraints not yet compiled are refused (RESOURCE_EXHAUSTED / 429)",
+    ),
 )
 
 

@@ -123,6 +123,7 @@ class Telemetry:
             "infer.requests.running": ("{request}", "requests running in the engine", "num_running"),
             "infer.kv_blocks.used": ("{block}", "KV-cache blocks in use", "num_blocks_used"),
             "infer.kv_blocks.free": ("{block}", "KV-cache blocks free", "num_blocks_free"),
+            "infer.grammar.compiles.pending": ("{compile}", "compiles queued or running", "num_grammars_pending"),
         }
         for name, (unit, description, attr) in gauges.items():
             meter.create_observable_gauge(name, [self._observe(attr)], unit, description)
@@ -141,6 +142,9 @@ class Telemetry:
             "infer.preemptions": ("{preemption}", "requests preempted for KV blocks", "num_preemptions_total"),
             "infer.spec_decode.draft_tokens": ("{token}", "speculative drafts verified", "num_draft_tokens_total"),
             "infer.spec_decode.accepted_tokens": ("{token}", "speculative drafts kept", "num_accepted_tokens_total"),
+            "infer.grammar.compiles": ("{compile}", "grammar compiles run", "num_grammars_compiled_total"),
+            "infer.grammar.compile_time": ("s", "grammar compile time, trials included", "grammar_compile_s_total"),
+            "infer.grammar.refused": ("{constraint}", "refused for compile cost", "num_grammars_refused_total"),
         }
         for name, (unit, description, attr) in counters.items():
             meter.create_observable_counter(name, [self._observe(attr)], unit, description)

@@ -227,3 +227,46 @@ def test_a_slow_compile_does_not_stall_other_streams(
         gate.set()
         assert re.fullmatch("[0-9]{4}", text_of(waiting.result(timeout=60)))
     fake_server.wait_idle()
+
+
+def test_a_full_compile_queue_is_resource_exhausted_and_callers_that_left_drop_their_compiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[str] = []
+    gate = threading.Event()
+    compile_one = structured._compile
+
+    def gated(backend: Any, constraint: Any) -> Any:
+        seen.append(constraint.text)
+        assert gate.wait(30)
+        return compile_one(backend, constraint)
+
+    def request(pattern: str) -> pb.GenerateRequest:
+        return pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(max_tokens=4, regex=pattern))
+
+    monkeypatch.setattr(structured, "_compile", gated)
+    with (
+        running_fake_server(max_pending_grammars=3) as server,
+        grpc.insecure_channel(server.address) as channel,
+        ThreadPoolExecutor(3) as pool,
+    ):
+        stub = pb_grpc.InferenceServiceStub(channel)
+        compiler = server.engine.core.structured.compiler
+        busy = [pool.submit(generate, stub, request(f"[0-9]{{{i + 1}}}")) for i in range(2)]
+        while len(seen) < 2:  # both compile threads are taken
+            gate.wait(0.01)
+        with pytest.raises(grpc.RpcError) as late:
+            list(stub.Generate(request("x+"), timeout=0.5))  # waits behind them, then its caller leaves
+        assert late.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        queued = pool.submit(generate, stub, request("y+"))
+        while compiler.stats.num_pending < 3:
+            gate.wait(0.01)
+        with pytest.raises(grpc.RpcError) as full:
+            generate(stub, request("z+"))
+        assert full.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_pending_grammars" in str(full.value.details())
+        gate.set()
+        ended = {pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH}
+        assert all(f.result(timeout=60)[-1].finish_reason in ended for f in [*busy, queued])
+        assert "x+" not in seen  # dropped when its only caller left, before it started
+        server.wait_idle()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,4 +91,43 @@ def test_warmup_decodes_several_steps_and_fails_loudly() -> None:
         with pytest.raises(WarmupError, match="warm-up request failed"):
             asyncio.run(engine.warmup())
     finally:
+        engine.shutdown()
+
+
+def test_a_caller_that_leaves_drops_a_compile_no_one_else_waits_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compile queued behind busy compile threads, whose only caller's deadline passes, is never run."""
+    from infer.engine import structured
+    from infer.engine.structured import Constraint
+    from tests.helpers.fake_engine import fake_core
+
+    seen: list[Constraint] = []
+    gate = threading.Event()
+    compile_one = structured._compile
+
+    def gated(backend: Any, constraint: Constraint) -> Any:
+        seen.append(constraint)
+        assert gate.wait(30)
+        return compile_one(backend, constraint)
+
+    monkeypatch.setattr(structured, "_compile", gated)
+    core, _ = fake_core()
+    engine = AsyncEngine(core)
+    busy = [Constraint.regex(f"busy{i}") for i in range(structured.NUM_COMPILE_THREADS)]
+
+    async def main() -> None:
+        compiles = [asyncio.ensure_future(engine.compile_constraint(c)) for c in busy]
+        while len(seen) < len(busy):  # every compile thread is taken
+            await asyncio.sleep(0.01)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(engine.compile_constraint(Constraint.regex("left")), 0.2)
+        assert core.stats().num_grammars_pending == len(busy)  # dropped at once, not when a thread frees
+        gate.set()
+        await asyncio.gather(*compiles)
+
+    try:
+        asyncio.run(main())
+        assert sorted(c.text for c in seen) == sorted(c.text for c in busy)  # "left" never compiled
+        assert core.stats().num_grammars_compiled_total == len(busy)
+    finally:
+        gate.set()
         engine.shutdown()

@@ -153,6 +153,36 @@ def test_an_abort_while_the_grammar_compiles(llm: LLM, slow_compiles: threading.
     assert not core.has_work
 
 
+def test_an_aborted_request_drops_a_compile_that_has_not_started(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Constraint] = []
+    gate = threading.Event()
+    compile_one = structured._compile
+
+    def gated(backend: Any, constraint: Constraint) -> Any:
+        seen.append(constraint)
+        assert gate.wait(30)
+        return compile_one(backend, constraint)
+
+    monkeypatch.setattr(structured, "_compile", gated)
+    core, prompt = llm.core, prompts(llm, 1)[0]
+    busy = [Constraint.regex(f"[0-9]{{{i + 1}}}") for i in range(structured.NUM_COMPILE_THREADS)]
+    for i, constraint in enumerate(busy):
+        core.add_request(f"busy{i}", prompt, SamplingParams(max_tokens=8, constraint=constraint), lambda _: None)
+    left: list[RequestOutput] = []
+    core.add_request("left", prompt, SamplingParams(max_tokens=8, constraint=Constraint.regex("x+")), left.append)
+    core.step()
+    while len(seen) < len(busy):  # every compile thread is taken
+        core.structured.wait(0.01)
+    core.abort("left")
+    core.step()
+    assert [o.finish_reason for o in left] == [FinishReason.ABORT]
+    assert core.stats().num_grammars_pending == len(busy)
+    gate.set()
+    while core.has_work:
+        core.step()
+    assert Constraint.regex("x+") not in seen
+
+
 ENUMS = {"type": "object", "additionalProperties": False, "required": ["color", "size"],
          "properties": {"color": {"enum": ["red", "green", "blue"]}, "size": {"enum": ["S", "M", "L"]}}}  # fmt: skip
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from infer.engine import structured
+from infer.engine.grammar_budget import trial_worker
 from infer.engine.structured import (
     MAX_CHOICES,
     MAX_CONSTRAINT_CHARS,
@@ -22,6 +26,7 @@ from infer.engine.structured import (
     vocab_type_name,
 )
 from infer.engine.tokenizer import Tokenizer
+from infer.engine.validation import InvalidInput, QueueFullError
 from tests.helpers.fake_engine import tiny_tokenizer
 
 xgr = pytest.importorskip("xgrammar")
@@ -170,6 +175,116 @@ def test_the_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(structured, "MAX_CACHED_GRAMMAR_BYTES", 1)  # one entry always stays
     compiler.submit(Constraint.regex("a3")).result(timeout=60)
     assert compiler.num_cached == 1
+    compiler.shutdown()
+
+
+# --- what a compile may cost
+
+# ~1.5 s of CPU to compile on the tiny vocabulary (63 KB of EBNF: under MAX_CONSTRAINT_CHARS)
+SLOW = Constraint.grammar("root ::= " + " ".join('("a" | "bc" | [0-9])' for _ in range(3000)))
+
+
+@pytest.fixture
+def compiled_here(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[Constraint], threading.Event]]:
+    """What the server itself compiles (after the trial), each compile waiting until the event is set."""
+    seen: list[Constraint] = []
+    gate = threading.Event()
+    compile_one = structured._compile
+
+    def gated(backend: Any, constraint: Constraint) -> Any:
+        seen.append(constraint)
+        assert gate.wait(30)
+        return compile_one(backend, constraint)
+
+    monkeypatch.setattr(structured, "_compile", gated)
+    yield seen, gate
+    gate.set()
+
+
+def _until(condition: Any, timeout_s: float = 30) -> None:
+    deadline_s = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline_s, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_compile_over_its_cpu_budget_is_refused_and_remembered(
+    monkeypatch: pytest.MonkeyPatch, compiled_here: tuple[list[Constraint], threading.Event]
+) -> None:
+    seen, gate = compiled_here
+    gate.set()
+    tok = tiny_tokenizer()
+    compiler = GrammarCompiler(tok, tok.vocab_size, [0], budget_s=0.2)
+    error = compiler.submit(SLOW).exception(timeout=120)
+    assert isinstance(error, InvalidInput) and error.field == "grammar"
+    assert str(error) == "grammar: does not compile within 0.2 s of CPU time (grammar_compile_budget_s)"
+    assert SLOW not in seen  # killed in the trial: never compiled in the server
+    monkeypatch.setattr(structured, "MAX_CACHED_GRAMMARS", 1)
+    compiler.submit(Constraint.regex("a+")).result(timeout=60)  # the refusal leaves the cache
+    again = compiler.submit(SLOW)
+    assert again.done() and str(again.exception()) == str(error)  # remembered: refused without a trial
+    assert compiler.stats.num_refused_total == 1 and compiler.stats.num_compiled_total == 2
+    assert compiler.submit(Constraint.regex("b+")).result(timeout=60) is not None  # the next trial runs
+    compiler.shutdown()
+
+
+def test_the_compile_queue_is_bounded(compiled_here: tuple[list[Constraint], threading.Event]) -> None:
+    _, gate = compiled_here
+    tok = tiny_tokenizer()
+    compiler = GrammarCompiler(tok, tok.vocab_size, [0], max_pending=2)
+    first, second = compiler.submit(Constraint.regex("a")), compiler.submit(Constraint.regex("b"))
+    with pytest.raises(QueueFullError, match=r"2 grammars are compiling or waiting to \(max_pending_grammars\)"):
+        compiler.submit(Constraint.regex("c"))
+    assert compiler.submit(Constraint.regex("a")) is first  # one already queued takes no more room
+    assert compiler.stats.num_pending == 2
+    gate.set()
+    first.result(timeout=60), second.result(timeout=60)
+    assert compiler.submit(Constraint.regex("c")).result(timeout=60) is not None
+    assert compiler.stats.num_pending == 0
+    compiler.shutdown()
+
+
+def test_a_compile_whose_callers_all_left_before_it_started_is_dropped(
+    compiled_here: tuple[list[Constraint], threading.Event],
+) -> None:
+    seen, gate = compiled_here
+    tok = tiny_tokenizer()
+    compiler = GrammarCompiler(tok, tok.vocab_size, [0])
+    busy = [compiler.submit(Constraint.regex(f"busy{i}")) for i in range(structured.NUM_COMPILE_THREADS)]
+    _until(lambda: len(seen) == len(busy))  # every compile thread is taken
+    alone, shared = Constraint.regex("alone"), Constraint.regex("shared")
+    left = compiler.submit(alone)
+    shared_future = compiler.submit(shared)
+    assert compiler.submit(shared) is shared_future  # two callers
+    compiler.release(left)
+    compiler.release(shared_future)
+    assert left.cancelled() and not shared_future.cancelled()  # one caller of `shared` still waits
+    assert compiler.stats.num_pending == len(busy) + 1
+    compiler.release(busy[0])  # running: it goes on
+    gate.set()
+    assert shared_future.result(timeout=60) is not None and busy[0].result(timeout=60) is not None
+    assert alone not in seen  # never compiled
+    assert compiler.submit(alone).result(timeout=60) is not None  # a new caller compiles it afresh
+    compiler.shutdown()
+
+
+def test_compiles_take_only_the_cycles_decoding_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trial runs at SCHED_IDLE in its own process; the server's compile on a thread at nice 19."""
+    niceness: list[int] = []
+    compile_one = structured._compile
+
+    def recording(backend: Any, constraint: Constraint) -> Any:
+        niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return compile_one(backend, constraint)
+
+    monkeypatch.setattr(structured, "_compile", recording)
+    tok = tiny_tokenizer()
+    compiler = GrammarCompiler(tok, tok.vocab_size, [0])
+    compiler.submit(Constraint.regex("low")).result(timeout=60)
+    assert niceness == [19]
+    pid = trial_worker().pid
+    assert pid is not None and os.sched_getscheduler(pid) == os.SCHED_IDLE
+    assert os.getpriority(os.PRIO_PROCESS, 0) == 0  # the rest of the server is as it was
     compiler.shutdown()
 
 
