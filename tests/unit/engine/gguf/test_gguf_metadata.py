@@ -82,3 +82,12 @@ def test_truncated_file_names_the_file(gguf_file: Path, tmp_path: Path, keep_byt
         read_gguf_metadata(path)
     assert str(path) in str(err.value)
     assert isinstance(err.value, ValueError)
+
+
+def test_a_string_array_cut_short_names_the_file(gguf_file: Path, tmp_path: Path) -> None:
+    data = gguf_file.read_bytes()
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(data[: data.index("▁the".encode()) + 2])  # inside the vocabulary's second string
+    with pytest.raises(GGUFMetadataError, match="truncated") as err:
+        read_gguf_metadata(path)
+    assert str(path) in str(err.value)
