@@ -2,9 +2,11 @@
 
 xgrammar's compile is C++ that cannot be stopped, and its time grows faster than the constraint: a 63.7 KB
 JSON schema of 1,800 integer properties took ~68 s. So the compiler first tries each constraint in the trial
-worker (`grammar_worker`), a process at the lowest CPU priority (SCHED_IDLE: it runs on cycles decoding
-leaves) that compiles it in a child killed once that compile has used `budget_s` of CPU time. Only a
-constraint whose trial finished is compiled in the server.
+worker (`grammar_worker`), a process that compiles it in a child of its own, killed once that compile has
+used `budget_s` of CPU time, or once no caller waits for it. Only a constraint whose trial finished is
+compiled in the server. A compile (trial or not) runs at normal priority for its first CHEAP_COMPILE_CPU_S of
+CPU time, then at nice 19: a small schema compiles in milliseconds even while the engine decodes on every
+core, and a large one takes from decoding ~1.5% of a core (a nice-0 thread weighs 1024, a nice-19 one 15).
 
 NOTE: the trial's compiled grammar is not sent back: its JSON form grows with the square of the schema (600
 integer properties: 123 MB, 13 s to write, for a grammar that compiles in 0.2 s), so compiling it again costs
@@ -26,6 +28,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
@@ -37,23 +40,33 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_REFUSED = 4096  # constraints refused for their cost, remembered by digest
-POLL_INTERVAL_S = 0.1  # how often a waiting compile thread looks at its stop event
+START_TIMEOUT_S = 120.0  # for the worker's import of xgrammar (~2 s)
+POLL_INTERVAL_S = 0.05  # how often a thread waiting for a trial asks whether it is still wanted
+# NOTE: most compiles take a few ms; a compile gets this much CPU at normal priority, then only nice 19
+CHEAP_COMPILE_CPU_S = 0.1
 
 
 class Trial(enum.Enum):
     FINISHED = "finished"  # compiled, or failed to: the server's own compile says how
     OVER_BUDGET = "over budget"  # killed at its CPU-time budget
     CRASHED = "crashed"  # the compile died: compiling it in the server would take the server down
-    NO_ANSWER = "no answer"  # none within the wall-clock limit, or the compiler stopped: not the constraint's fault
+    NO_ANSWER = "no answer"  # none within the wall-clock limit: not the constraint's fault
+    DROPPED = "dropped"  # given up: no caller waits for it any more, or the compiler stopped
 
 
 class CompileRefused(InvalidInput):
     """A constraint refused for what compiling it costs (CPU time, a crash): remembered, never tried again."""
 
 
+class CompileDroppedError(RuntimeError):
+    """No caller waited for the compile any more (or the compiler stopped): given up, not remembered."""
+
+
 def refusal(kind: str, trial: Trial, budget_s: float, wall_limit_s: float) -> Exception:
-    """The error of a trial that did not finish: CompileRefused, or QueueFullError when the worker gave no
-    answer (busy or stopped: try again later)."""
+    """The error of a trial that did not finish: CompileRefused; QueueFullError when the worker gave no
+    answer (busy: try again later); CompileDroppedError."""
+    if trial is Trial.DROPPED:
+        return CompileDroppedError(f"{kind}: compile given up: no caller waits for it")
     if trial is Trial.NO_ANSWER:
         return QueueFullError(f"grammar compiles are too slow now: no answer in {wall_limit_s:.0f} s")
     if trial is Trial.CRASHED:
@@ -91,15 +104,10 @@ class CompileStats:
     compile_s_total: float  # the compiles' time, trial included
 
 
-def lower_priority(*, idle: bool) -> None:
-    """The calling thread (Linux schedules threads) to the lowest priority: SCHED_IDLE, else nice 19."""
-    tid = threading.get_native_id()
-    if idle and hasattr(os, "SCHED_IDLE"):
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-            return
+def lower_priority(tid: int | None = None) -> None:
+    """A thread (the calling one by default; Linux schedules threads, not processes) to nice 19, for good."""
     with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, tid, 19)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id() if tid is None else tid, 19)
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,7 @@ class TrialTokenizer:
 class _Job:
     done: threading.Event = field(default_factory=threading.Event)
     trial: Trial = Trial.NO_ANSWER
+    cpu_s: float = 0.0
 
 
 class TrialWorker:
@@ -129,12 +138,14 @@ class TrialWorker:
         self._process: subprocess.Popen[bytes] | None = None
         self._tokenizers: set[str] = set()  # those the running process has been sent
         self._jobs: dict[int, _Job] = {}
+        self._ready = threading.Event()  # the running process has imported xgrammar
         self._ids = itertools.count()
 
     def run(
         self, constraint: Constraint, tokenizer: TrialTokenizer, budget_s: float, wall_limit_s: float,
-        stop: threading.Event,
-    ) -> Trial:  # fmt: skip
+        is_wanted: Callable[[], bool],
+    ) -> tuple[Trial, float]:  # fmt: skip
+        """The trial's outcome and CPU seconds; DROPPED as soon as `is_wanted()` turns False."""
         job_id, job = next(self._ids), _Job()
         message = {"id": job_id, "tokenizer": tokenizer.key, "kind": str(constraint.kind), "text": constraint.text,
                    "budget_s": budget_s}  # fmt: skip
@@ -147,10 +158,10 @@ class TrialWorker:
             _send(stdin, message)
         deadline_s = time.monotonic() + wall_limit_s
         while not job.done.wait(POLL_INTERVAL_S):
-            if stop.is_set() or time.monotonic() > deadline_s:
+            if not is_wanted() or time.monotonic() > deadline_s:
                 self._give_up(job_id)
-                break
-        return job.trial
+                return (Trial.DROPPED if not is_wanted() else Trial.NO_ANSWER), 0.0
+        return job.trial, job.cpu_s
 
     @property
     def pid(self) -> int | None:
@@ -158,33 +169,41 @@ class TrialWorker:
         process = self._process
         return process.pid if process is not None and process.poll() is None else None
 
-    def warm(self) -> None:
-        """Start the process now (else the first trial does)."""
+    def warm(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start the process now (else the first trial does), and wait until it has imported xgrammar."""
         with self._lock:
             self._stdin()
+            ready = self._ready
+        ready.wait(timeout_s)
 
     def _stdin(self) -> IO[bytes]:
         """The running process's stdin: started now unless it runs."""
         if self._process is None or self._process.poll() is not None:
             self._tokenizers.clear()
+            self._ready = threading.Event()
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "infer.engine.grammar_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 env=env,
             )  # fmt: skip
-            threading.Thread(target=self._read, args=(self._process,), name="infer-grammar-trials", daemon=True).start()
+            reader = threading.Thread(target=self._read, args=(self._process, self._ready), name="infer-grammar-trials",
+                                      daemon=True)  # fmt: skip
+            reader.start()
         assert self._process.stdin is not None
         return self._process.stdin
 
-    def _read(self, process: subprocess.Popen[bytes]) -> None:
+    def _read(self, process: subprocess.Popen[bytes], ready: threading.Event) -> None:
         """The process's answers to the jobs that wait; when it exits, the jobs it had get no answer."""
         assert process.stdout is not None
         for line in process.stdout:
             answer = json.loads(line)
+            if answer.get("ready"):
+                ready.set()
+                continue
             with self._lock:
                 job = self._jobs.pop(answer["id"], None)
             if job is not None:
-                job.trial = Trial(answer["trial"])
+                job.trial, job.cpu_s = Trial(answer["trial"]), float(answer["cpu_s"])
                 job.done.set()
         process.wait()
         logger.warning("the grammar trial worker exited (status %s)", process.returncode)

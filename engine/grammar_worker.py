@@ -1,10 +1,12 @@
 """The grammar trial worker: a process of its own (`python -m infer.engine.grammar_worker`) that compiles each
 constraint it is sent in a child forked for that one compile, and says how it went.
 
-It runs at the lowest CPU priority and imports xgrammar once (~2 s, ~270 MB); a trial is a fork (~40 ms) that
-exits once its compile has used its CPU-time budget, or is killed when the server gives up on it. One JSON
+It imports xgrammar once (~2 s, ~270 MB); a trial is a fork (~40 ms) whose compile runs at normal priority for
+its first CHEAP_COMPILE_CPU_S of CPU time (most compiles take a few milliseconds), then at nice 19, and which
+exits once it has used its CPU-time budget, or is killed when the server gives up on it. One JSON
 object a line, in: {"id", "tokenizer", "kind", "text", "budget_s"} ("tokenizer_json" too, the first time a
-tokenizer is named) or {"kill": id}; out: {"id", "trial", "cpu_s"}. It exits when the server closes its stdin.
+tokenizer is named) or {"kill": id}; out: {"ready"} once, then {"id", "trial", "cpu_s"}. It exits when the
+server closes its stdin.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from infer.engine.grammar_budget import Trial, lower_priority
+from infer.engine.grammar_budget import CHEAP_COMPILE_CPU_S, Trial, lower_priority
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -31,8 +33,10 @@ WATCH_INTERVAL_S = 0.005  # how often a trial checks its CPU time, and the worke
 
 
 def main() -> None:
-    lower_priority(idle=True)  # NOTE: before the import: that is ~2 s of CPU too; the trials inherit it
+    # NOTE: at normal priority: a trial forked from a process at nice 19 could not raise its own
     import xgrammar  # noqa: F401  (once, here: each trial forks with it loaded)
+
+    os.write(sys.stdout.fileno(), json.dumps({"ready": True}).encode() + b"\n")
 
     backends: dict[str, xgr.GrammarCompiler] = {}
     trials: dict[int, tuple[int, float]] = {}  # pid -> (id, budget_s)
@@ -79,12 +83,12 @@ def _handle(
 
 def _trial(backend: xgr.GrammarCompiler, kind: str, text: str, budget_s: float) -> None:
     """In the forked child: compile, then exit; exit OVER_BUDGET_EXIT as soon as it has used budget_s of CPU
-    time (and the kernel's CPU limit, a second on, kills it if this thread cannot)."""
+    time (and the kernel's CPU limit, a second on, kills it if the watch cannot)."""
     status = 1
     try:
         limit_s = math.ceil(budget_s) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (limit_s, limit_s + 1))
-        threading.Thread(target=_watch, args=(budget_s,), daemon=True).start()
+        threading.Thread(target=_watch, args=(budget_s, threading.get_native_id()), daemon=True).start()
         from infer.engine.structured import Constraint, _compile
 
         with contextlib.suppress(Exception):  # NOTE: the server's own compile fails the same way and says how
@@ -94,7 +98,11 @@ def _trial(backend: xgr.GrammarCompiler, kind: str, text: str, budget_s: float) 
         os._exit(status)
 
 
-def _watch(budget_s: float) -> None:
+def _watch(budget_s: float, compiling_tid: int) -> None:
+    """The compiling thread to nice 19 past CHEAP_COMPILE_CPU_S; the process ended past budget_s."""
+    while time.process_time() <= CHEAP_COMPILE_CPU_S:
+        time.sleep(WATCH_INTERVAL_S)
+    lower_priority(compiling_tid)
     while time.process_time() <= budget_s:
         time.sleep(WATCH_INTERVAL_S)
     os._exit(OVER_BUDGET_EXIT)

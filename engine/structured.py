@@ -9,19 +9,20 @@ xgrammar is imported on first use: it takes ~2 s (it pulls in transformers).
 from __future__ import annotations
 
 import enum
-import functools
 import json
 import logging
 import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from infer.engine.grammar_budget import (
+    CHEAP_COMPILE_CPU_S,
+    CompileDroppedError,
     CompileRefused,
     CompileStats,
     Refusals,
@@ -45,7 +46,6 @@ MAX_CONSTRAINT_CHARS = 65536  # a schema, regex or grammar; choices together
 MAX_CHOICES = 1024
 MAX_CACHED_GRAMMARS = 256
 MAX_CACHED_GRAMMAR_BYTES = 256 << 20
-NUM_COMPILE_THREADS = 2  # NOTE: two, so one slow grammar does not hold up every other request's compile
 DEFAULT_COMPILE_BUDGET_S = 10.0  # CPU seconds one compile may take (grammar_compile_budget_s)
 DEFAULT_MAX_PENDING_GRAMMARS = 16  # compiles queued or running (max_pending_grammars)
 TRIAL_WALL_LIMIT_S = 60.0  # and 10 x the budget: a trial with no answer by then is given up (not refused)
@@ -207,13 +207,14 @@ class GrammarCompiler:
     """Compiles constraints off the step thread; a bounded cache of results keyed by (kind, text).
 
     `submit` is thread-safe and returns at once: a Future of the compiled grammar, or of a ValueError that
-    names the kind; QueueFullError when `max_pending` compiles are already queued or running. Each `submit`
-    counts a caller until the compile is done or the caller calls `release`: a compile whose callers all left
-    before it started is dropped. A failure is cached like a success (the same text fails the same way), and a
+    names the kind; QueueFullError when `max_pending` compiles are already under way. Each `submit` counts a
+    caller until the compile is done or the caller calls `release`: a compile whose callers all left before
+    its trial ended is dropped. A failure is cached like a success (the same text fails the same way), and a
     refusal for its cost (`CompileRefused`) is also remembered beyond the cache.
 
-    Each compile is tried first in a worker process, killed at `budget_s` of CPU time (`grammar_budget`); then
-    it is compiled here, on threads at the lowest priority (nice 19), for the engine's matchers.
+    Each compile is tried first in a worker process, killed at `budget_s` of CPU time (`grammar_budget`), on a
+    thread of its own that waits for it; then it is compiled here for the engine's matchers: at once when the
+    trial took at most CHEAP_COMPILE_CPU_S, else on one thread at nice 19.
     """
 
     def __init__(
@@ -226,10 +227,9 @@ class GrammarCompiler:
     ) -> None:
         self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, tuple(stop_token_ids)
         self.budget_s, self.max_pending = budget_s, max_pending
-        lowered = functools.partial(lower_priority, idle=False)
-        self._executor = ThreadPoolExecutor(
-            NUM_COMPILE_THREADS, thread_name_prefix="infer-grammar", initializer=lowered
-        )
+        # NOTE: a thread per compile under way (most wait for their trial): a slow one holds up no other
+        self._executor = ThreadPoolExecutor(max_pending + 1, thread_name_prefix="infer-grammar")
+        self._slow = ThreadPoolExecutor(1, thread_name_prefix="infer-grammar-slow", initializer=lower_priority)
         self._lock = threading.RLock()  # NOTE: reentrant: a done callback may run inside submit or release
         self._cache: OrderedDict[Constraint, Future[xgr.CompiledGrammar]] = OrderedDict()
         self._sizes: dict[Constraint, int] = {}  # memory of the compiled grammars in the cache
@@ -237,8 +237,8 @@ class GrammarCompiler:
         self._refused = Refusals()  # beyond the cache
         self._backend: tuple[xgr.GrammarCompiler, TrialTokenizer] | None = None
         self._backend_lock = threading.Lock()
-        self._stopped = threading.Event()  # shutdown: the compile threads waiting for a trial give up
-        self.num_pending = 0  # compiles queued or running
+        self._stopped = threading.Event()  # shutdown: the compiles under way give up
+        self.num_pending = 0  # compiles under way
         self.num_compiled = self.num_refused = 0  # compiles run (whatever their outcome); refusals for cost
         self.compile_s_total = 0.0  # their time, trial included
 
@@ -264,7 +264,8 @@ class GrammarCompiler:
                 return failed
             if self.num_pending >= self.max_pending:
                 raise QueueFullError(f"{self.num_pending} grammars are compiling or waiting to (max_pending_grammars)")
-            future = self._executor.submit(self._compile, constraint)
+            future = Future()
+            self._executor.submit(self._run, constraint, future)
             self.num_pending += 1
             self._callers[future] = 1
             self._cache[constraint] = future
@@ -273,13 +274,17 @@ class GrammarCompiler:
         return future
 
     def release(self, future: Future[xgr.CompiledGrammar]) -> None:
-        """One caller of `submit` no longer waits for it; when none does, a compile not yet started is dropped."""
+        """One caller of `submit` no longer waits for it; when none does, the compile is dropped (its trial is
+        killed) unless it is compiling here already."""
         with self._lock:
             if future not in self._callers:  # done
                 return
             self._callers[future] -= 1
             if self._callers[future] == 0:
-                future.cancel()  # NOTE: False once it runs; when it is cancelled, _done drops it from the cache
+                future.cancel()  # NOTE: False once it runs: then its trial sees no caller (`_is_wanted`)
+
+    def _is_wanted(self, future: Future[xgr.CompiledGrammar]) -> bool:
+        return not self._stopped.is_set() and self._callers.get(future, 0) > 0
 
     def _done(self, constraint: Constraint, future: Future[xgr.CompiledGrammar]) -> None:
         with self._lock:
@@ -291,16 +296,26 @@ class GrammarCompiler:
                 self._refused.add(constraint, error)
             if self._cache.get(constraint) is not future:
                 return
-            if future.cancelled() or isinstance(error, QueueFullError):  # dropped, or busy: not the text's fault
+            if future.cancelled() or isinstance(error, (QueueFullError, CompileDroppedError)):  # not the text's fault
                 del self._cache[constraint]
             elif error is None:
                 self._sizes[constraint] = future.result().memory_size_bytes
                 self._evict()
 
-    def _compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
+    def _run(self, constraint: Constraint, future: Future[xgr.CompiledGrammar]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            compiled = self._compile(constraint, lambda: self._is_wanted(future))
+        except BaseException as e:  # NOTE: the caller's to see, as an executor's future would have it
+            future.set_exception(e)
+        else:
+            future.set_result(compiled)
+
+    def _compile(self, constraint: Constraint, is_wanted: Callable[[], bool]) -> xgr.CompiledGrammar:
         started_s = time.perf_counter()
         try:
-            return self._compile_tried(constraint)
+            return self._compile_tried(constraint, is_wanted)
         finally:
             elapsed_s = time.perf_counter() - started_s
             with self._lock:
@@ -308,13 +323,25 @@ class GrammarCompiler:
                 self.compile_s_total += elapsed_s
             logger.debug("compiled a %s constraint in %.1f ms", constraint.kind, elapsed_s * 1e3)
 
-    def _compile_tried(self, constraint: Constraint) -> xgr.CompiledGrammar:
-        """Compiled here once a worker compiled it within the budget."""
+    def _compile_tried(self, constraint: Constraint, is_wanted: Callable[[], bool]) -> xgr.CompiledGrammar:
+        """Compiled here once a worker compiled it within the budget: on this thread when that was cheap."""
         backend, tokenizer = self._compiler()
         wall_limit_s = TRIAL_WALL_LIMIT_S + 10 * self.budget_s
-        trial = trial_worker().run(constraint, tokenizer, self.budget_s, wall_limit_s, self._stopped)
+        trial, cpu_s = trial_worker().run(constraint, tokenizer, self.budget_s, wall_limit_s, is_wanted)
         if trial is not Trial.FINISHED:
             raise refusal(constraint.kind, trial, self.budget_s, wall_limit_s)
+        if cpu_s <= CHEAP_COMPILE_CPU_S:
+            return self._compile_here(backend, constraint)
+        return self._slow.submit(self._compile_slow, backend, constraint, is_wanted).result()
+
+    def _compile_slow(
+        self, backend: xgr.GrammarCompiler, constraint: Constraint, is_wanted: Callable[[], bool]
+    ) -> xgr.CompiledGrammar:
+        if not is_wanted():  # its callers left while it waited for this thread
+            raise CompileDroppedError(f"{constraint.kind}: compile given up: no caller waits for it")
+        return self._compile_here(backend, constraint)
+
+    def _compile_here(self, backend: xgr.GrammarCompiler, constraint: Constraint) -> xgr.CompiledGrammar:
         try:
             compiled = _compile(backend, constraint)
         except RuntimeError as e:  # xgrammar's errors for a schema, regex or grammar it cannot take
@@ -358,4 +385,8 @@ class GrammarCompiler:
 
     def shutdown(self) -> None:
         self._stopped.set()
+        with self._lock:
+            for future in list(self._callers):
+                future.cancel()  # those not started; those under way see `_stopped`
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._slow.shutdown(wait=False, cancel_futures=True)

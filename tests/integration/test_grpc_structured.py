@@ -255,9 +255,13 @@ def test_a_full_compile_queue_is_resource_exhausted_and_callers_that_left_drop_t
         busy = [pool.submit(generate, stub, request(f"[0-9]{{{i + 1}}}")) for i in range(2)]
         while len(seen) < 2:  # both compile threads are taken
             gate.wait(0.01)
-        with pytest.raises(grpc.RpcError) as late:
-            list(stub.Generate(request("x+"), timeout=0.5))  # waits behind them, then its caller leaves
-        assert late.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        slow = " ".join('("a" | "bc" | [0-9])' for _ in range(3000))  # ~1.5 s of CPU on the fake model's vocabulary
+        late = pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(max_tokens=4, grammar=f"root ::= {slow}"))
+        with pytest.raises(grpc.RpcError) as left:
+            list(stub.Generate(late, timeout=0.5))  # its caller leaves while its trial runs
+        assert left.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        while compiler.stats.num_pending > 2:  # given up: its trial killed
+            gate.wait(0.01)
         queued = pool.submit(generate, stub, request("y+"))
         while compiler.stats.num_pending < 3:
             gate.wait(0.01)
@@ -268,5 +272,5 @@ def test_a_full_compile_queue_is_resource_exhausted_and_callers_that_left_drop_t
         gate.set()
         ended = {pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH}
         assert all(f.result(timeout=60)[-1].finish_reason in ended for f in [*busy, queued])
-        assert "x+" not in seen  # dropped when its only caller left, before it started
+        assert not any(text.startswith("root ::=") for text in seen)  # dropped when its only caller left
         server.wait_idle()
