@@ -25,6 +25,10 @@ from infer.engine.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 
 WARMUP_MAX_TOKENS = 8  # the warm-up's greedy decode: several steps, as a real request takes
+# the warm-up's prompt: enough rows for every tile of the kernels (8 a tile) and a chunk of attention; NOTE: half a
+# step's budget (128 tokens) took ~3 s of a 1.5B model's time to SERVING on 2 cores, for a prefill rate that real
+# prompts refine within a few steps anyway
+WARMUP_PROMPT_TOKENS = 32
 
 
 class WarmupError(RuntimeError):
@@ -159,13 +163,13 @@ class AsyncEngine:
 
     async def warmup(self) -> None:
         """One greedy request the way a real one runs (`generate`: validation, scheduler, runner, sampler,
-        detokenizer): a prefill of half a step's budget, then a decode of a few tokens. The kernels are warm,
-        the prefill rate that predicts time to first token (deadline admission) is measured, and a path that
-        fails (a kernel that cannot load, one that fails only on a later call) fails here, before the server
-        reports SERVING: WarmupError."""
+        detokenizer): a prefill of 32 tokens (at most half a step's budget), then a decode of a few tokens. The
+        kernels are warm, the prefill rate that predicts time to first token (deadline admission) is seeded, and a
+        path that fails (a kernel that cannot load, one that fails only on a later call) fails here, before the
+        server reports SERVING: WarmupError."""
         cfg = self.config
         max_tokens = max(1, min(WARMUP_MAX_TOKENS, cfg.max_model_len // 2))
-        num_prefill = max(1, min(cfg.max_num_batched_tokens // 2, cfg.max_model_len - max_tokens))
+        num_prefill = max(1, min(WARMUP_PROMPT_TOKENS, cfg.max_num_batched_tokens // 2, cfg.max_model_len - max_tokens))
         hello = self.tokenizer.encode("Hello") or [0]
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         num_tokens = 0
