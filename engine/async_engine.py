@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore
@@ -94,10 +95,12 @@ class AsyncEngine:
     async def compile_constraint(self, constraint: Constraint) -> None:
         compiler = self.core.structured.compiler
         future = compiler.submit(constraint)
+        waiting = asyncio.wrap_future(future)
+        waiting.add_done_callback(_read_outcome)  # NOTE: a caller that left never reads it
         try:
             # NOTE: shielded: the compile is shared (cached); a caller that goes away only gives up its interest,
-            # and the compile is dropped if no one else waits for it and it has not started
-            await asyncio.shield(asyncio.wrap_future(future))
+            # and the compile is dropped if no one else waits for it
+            await asyncio.shield(waiting)
         finally:
             compiler.release(future)
 
@@ -186,3 +189,9 @@ class AsyncEngine:
         self.core.wake()
         self._thread.join(timeout=10)
         self.core.structured.compiler.shutdown()
+
+
+def _read_outcome(future: asyncio.Future[Any]) -> None:
+    """Marks a future's exception as read (asyncio logs one never read)."""
+    if not future.cancelled():
+        future.exception()

@@ -88,9 +88,6 @@ class Refusals:
         while len(self._errors) > MAX_REFUSED:
             self._errors.popitem(last=False)
 
-    def __len__(self) -> int:
-        return len(self._errors)
-
 
 def _digest(constraint: Constraint) -> bytes:
     return hashlib.sha256(f"{constraint.kind}\0{constraint.text}".encode()).digest()
@@ -155,7 +152,10 @@ class TrialWorker:
                 message["tokenizer_json"] = tokenizer.json
                 self._tokenizers.add(tokenizer.key)
             self._jobs[job_id] = job
-            _send(stdin, message)
+            try:
+                _send(stdin, message)
+            except OSError:  # the process died after it was checked: its reader ends the job (no answer)
+                logger.warning("the grammar trial worker is gone; it starts again on the next compile")
         deadline_s = time.monotonic() + wall_limit_s
         while not job.done.wait(POLL_INTERVAL_S):
             if not is_wanted() or time.monotonic() > deadline_s:
@@ -206,6 +206,7 @@ class TrialWorker:
                 job.trial, job.cpu_s = Trial(answer["trial"]), float(answer["cpu_s"])
                 job.done.set()
         process.wait()
+        ready.set()  # NOTE: one waiting in `warm` need not wait for a process that is gone
         logger.warning("the grammar trial worker exited (status %s)", process.returncode)
         with self._lock:
             if self._process is process:
@@ -218,11 +219,6 @@ class TrialWorker:
             if self._jobs.pop(job_id, None) is not None and self._process is not None:
                 with contextlib.suppress(OSError):
                     _send(self._process.stdin, {"kill": job_id})
-
-    def stop(self) -> None:
-        with self._lock:
-            if self._process is not None:
-                self._process.kill()
 
 
 def _send(stdin: IO[bytes] | None, message: dict[str, object]) -> None:

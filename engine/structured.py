@@ -270,7 +270,6 @@ class GrammarCompiler:
             self._callers[future] = 1
             self._cache[constraint] = future
             self._evict()
-            future.add_done_callback(lambda done: self._done(constraint, done))
         return future
 
     def release(self, future: Future[xgr.CompiledGrammar]) -> None:
@@ -280,27 +279,11 @@ class GrammarCompiler:
             if future not in self._callers:  # done
                 return
             self._callers[future] -= 1
-            if self._callers[future] == 0:
-                future.cancel()  # NOTE: False once it runs: then its trial sees no caller (`_is_wanted`)
+            if self._callers[future] == 0 and future.cancel():  # NOTE: once it runs, its trial sees no caller
+                self._settle(future, None)
 
     def _is_wanted(self, future: Future[xgr.CompiledGrammar]) -> bool:
         return not self._stopped.is_set() and self._callers.get(future, 0) > 0
-
-    def _done(self, constraint: Constraint, future: Future[xgr.CompiledGrammar]) -> None:
-        with self._lock:
-            self.num_pending -= 1
-            self._callers.pop(future, None)
-            error = None if future.cancelled() else future.exception()
-            if isinstance(error, CompileRefused):
-                self.num_refused += 1
-                self._refused.add(constraint, error)
-            if self._cache.get(constraint) is not future:
-                return
-            if future.cancelled() or isinstance(error, (QueueFullError, CompileDroppedError)):  # not the text's fault
-                del self._cache[constraint]
-            elif error is None:
-                self._sizes[constraint] = future.result().memory_size_bytes
-                self._evict()
 
     def _run(self, constraint: Constraint, future: Future[xgr.CompiledGrammar]) -> None:
         if not future.set_running_or_notify_cancel():
@@ -308,9 +291,35 @@ class GrammarCompiler:
         try:
             compiled = self._compile(constraint, lambda: self._is_wanted(future))
         except BaseException as e:  # NOTE: the caller's to see, as an executor's future would have it
+            self._settle(future, e, constraint=constraint)
             future.set_exception(e)
         else:
+            self._settle(future, None, compiled, constraint)
             future.set_result(compiled)
+
+    def _settle(
+        self,
+        future: Future[xgr.CompiledGrammar],
+        error: BaseException | None,
+        compiled: xgr.CompiledGrammar | None = None,
+        constraint: Constraint | None = None,
+    ) -> None:
+        """The books of a compile that ended (or was dropped before it started), kept before its callers hear."""
+        with self._lock:
+            self.num_pending -= 1
+            self._callers.pop(future, None)
+            if constraint is None:  # dropped: found by its future
+                constraint = next((c for c, f in self._cache.items() if f is future), None)
+            if isinstance(error, CompileRefused) and constraint is not None:
+                self.num_refused += 1
+                self._refused.add(constraint, error)
+            if constraint is None or self._cache.get(constraint) is not future:
+                return
+            if compiled is not None:
+                self._sizes[constraint] = compiled.memory_size_bytes
+                self._evict()
+            elif error is None or isinstance(error, (QueueFullError, CompileDroppedError)):  # not the text's fault
+                del self._cache[constraint]
 
     def _compile(self, constraint: Constraint, is_wanted: Callable[[], bool]) -> xgr.CompiledGrammar:
         started_s = time.perf_counter()
@@ -387,6 +396,7 @@ class GrammarCompiler:
         self._stopped.set()
         with self._lock:
             for future in list(self._callers):
-                future.cancel()  # those not started; those under way see `_stopped`
+                if future.cancel():  # those not started; those under way see `_stopped`
+                    self._settle(future, None)
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._slow.shutdown(wait=False, cancel_futures=True)
