@@ -134,7 +134,8 @@ class _Header:
 
     def strings(self, count: int) -> list[str]:
         """`count` strings in a row (a vocabulary: 150k-260k of them), in one tight loop."""
-        buf, pos, end, out = self.buf, self.pos, len(self.buf), []
+        buf, pos, end = self.buf, self.pos, len(self.buf)
+        out: list[str] = []
         length_of = struct.Struct(self.order + "Q").unpack_from
         append = out.append
         for _ in range(count):
