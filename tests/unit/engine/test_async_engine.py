@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -95,21 +94,13 @@ def test_warmup_decodes_several_steps_and_fails_loudly() -> None:
 
 def test_a_caller_that_leaves_drops_a_compile_no_one_else_waits_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """A slow compile whose only caller's deadline passes is given up: its trial killed, never compiled here."""
-    from infer.engine import structured
-    from infer.engine.structured import Constraint
     from tests.helpers.fake_engine import fake_core
+    from tests.helpers.slow_grammar import SLOW_GRAMMAR, record_compiles
 
-    seen: list[Constraint] = []
-    compile_one = structured._compile
-
-    def recording(backend: Any, constraint: Constraint) -> Any:
-        seen.append(constraint)
-        return compile_one(backend, constraint)
-
-    monkeypatch.setattr(structured, "_compile", recording)
+    seen = record_compiles(monkeypatch)
     core, _ = fake_core()
     engine = AsyncEngine(core)
-    slow = Constraint.grammar("root ::= " + " ".join('("a" | "bc" | [0-9])' for _ in range(3000)))  # ~1.5 s of CPU
+    slow = SLOW_GRAMMAR
 
     async def main() -> None:
         with pytest.raises(TimeoutError):

@@ -20,6 +20,7 @@ from infer.engine.request import FinishReason, RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.structured import Constraint
 from tests.helpers.fake_engine import FakeRunner, fake_core
+from tests.helpers.slow_grammar import SLOW_GRAMMAR, record_compiles
 
 pytest.importorskip("xgrammar")
 
@@ -155,17 +156,10 @@ def test_an_abort_while_the_grammar_compiles(llm: LLM, slow_compiles: threading.
 
 
 def test_an_aborted_request_drops_its_compile(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[Constraint] = []
-    compile_one = structured._compile
-
-    def recording(backend: Any, constraint: Constraint) -> Any:
-        seen.append(constraint)
-        return compile_one(backend, constraint)
-
-    monkeypatch.setattr(structured, "_compile", recording)
+    seen = record_compiles(monkeypatch)
     core = llm.core
     core.structured.compiler.start().result(timeout=60)
-    slow = Constraint.grammar("root ::= " + " ".join('("a" | "bc" | [0-9])' for _ in range(3000)))  # ~1.5 s of CPU
+    slow = SLOW_GRAMMAR
     left: list[RequestOutput] = []
     core.add_request("left", prompts(llm, 1)[0], SamplingParams(max_tokens=8, constraint=slow), left.append)
     core.step()
