@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from infer.engine.sampler import LOGPROB_FLOOR, Sampler, SamplerOutput, SamplingRow
+from infer.engine.sampler import LOGPROB_FLOOR, Sampler, SamplerOutput, SamplingRow, argmax_rows
 from infer.engine.sampling_params import MIN_REPETITION_PENALTY, MIN_TEMPERATURE, SamplingParams
 from infer.engine.structured_state import TokenBitmask
 
@@ -182,3 +182,18 @@ def test_sampling_never_draws_a_token_the_grammar_forbids() -> None:
     assert one is not None and [t for t, _ in one.top[:3]] == [1, 3, 5]  # logprobs of the masked distribution
     assert sum(math.exp(v) for _, v in one.top[:3]) == pytest.approx(1.0)
     assert [v for _, v in one.top[3:]] == [LOGPROB_FLOOR] * 2
+
+
+@pytest.mark.parametrize("vocab", [4096, 5000, 49152, 151936, 262144])
+def test_argmax_rows_is_torchs_argmax_first_of_equal_maxima_included(vocab: int) -> None:
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(7, vocab, generator=gen)
+    logits[0, vocab - 1] = 50.0  # in the tail past the last whole chunk (when there is one)
+    logits[1, [3, 2047, 2048, vocab - 1]] = 50.0  # equal maxima in several chunks: the first wins
+    logits[2, [2049, 2050]] = 50.0  # equal maxima in one chunk
+    logits[3] = float("-inf")  # every token banned: index 0, as torch
+    logits[4, 100:] = float("-inf")
+    logits[5] = 0.0
+    logits[6, [4095, 4094]] = 50.0
+    assert argmax_rows(logits) == logits.argmax(dim=-1).tolist()
+    assert argmax_rows(logits[2:3]) == [2049]
