@@ -105,9 +105,6 @@ def block_bytes(bits: int) -> dict[torch.dtype, int]:
     }
 
 
-BLOCK_BYTES = block_bytes(4)
-
-
 @dataclass(frozen=True)
 class Int4Weight(PackedWeight):
     """A `[out_features, in_features]` int4 weight, packed for the kernel (see the module's docstring)."""

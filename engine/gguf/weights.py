@@ -105,10 +105,13 @@ class FileTensor:
             return float_tensor(self.data, self.tensor_type, self.shape)
         return self.grouped().dequantize().reshape(self.shape)
 
+    @property
+    def rows(self) -> int:  # the rows of its [rows, cols] form (1 for a vector)
+        return int(np.prod(self.shape[:-1]))
+
     def grouped(self) -> Grouped:
-        rows, cols = (1, self.shape[0]) if len(self.shape) == 1 else (int(np.prod(self.shape[:-1])), self.shape[-1])
         try:
-            return decode(self.data, self.tensor_type, rows, cols)
+            return decode(self.data, self.tensor_type, self.rows, self.shape[-1])
         except ValueError as e:
             raise GGUFWeightError(f"tensor {self.name!r}: {e}") from None
 
@@ -149,7 +152,7 @@ class _Part:
 
     @property
     def rows(self) -> int:
-        return int(np.prod(self.tensor.shape[:-1]))
+        return self.tensor.rows
 
     def as_float(self) -> np.ndarray:
         w = self.tensor.as_float()
@@ -187,7 +190,7 @@ def pack_grouped(parts: Sequence[Grouped], plan: BlockPlan) -> PackedWeight:
     sup = _super_scales(parts, plan.group) if plan.scales == "two_level" else None
     if plan.scales == "two_level" and sup is None:
         raise ValueError("two-level scales need K-quants in every part")
-    dtype = torch.float16 if plan.scales == "fp16" else torch.float32
+    dtype = plan.scale_dtype  # fp16 or fp32 where not two-level
     if plan.codes != "int8g":
         parts = [_unsigned(p) for p in parts]
         codes = torch.from_numpy(_joined([p.codes for p in parts]).view(np.uint8))
