@@ -354,10 +354,14 @@ def test_the_kernel_refuses_two_level_blocks_of_the_wrong_size_or_inputs() -> No
 # int5 (Int5Weight): int4's layout with a group's fifth bits after its nibbles
 
 
+def _with_fifth_bits(codes: torch.Tensor, seed: int) -> torch.Tensor:  # 0..15 -> 0..31, random fifth bits
+    high = torch.randint(0, 2, codes.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.uint8)
+    return codes | (high << 4)
+
+
 def _int5_parts(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     codes, d, m = _k_quant_parts(n, k, seed)
-    high = torch.randint(0, 2, (n, k), generator=torch.Generator().manual_seed(seed + 1), dtype=torch.uint8)
-    return codes | (high << 4), d, m
+    return _with_fifth_bits(codes, seed), d, m
 
 
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
@@ -402,8 +406,7 @@ def test_compiled_int5_kernel_matches_the_reference(rows: int) -> None:
 
 def _q5_k_parts(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, SuperScales]:
     codes, scales = _q4_k_parts(n, k, seed)
-    high = torch.randint(0, 2, (n, k), generator=torch.Generator().manual_seed(seed + 1), dtype=torch.uint8)
-    return codes | (high << 4), scales
+    return _with_fifth_bits(codes, seed), scales
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16])
