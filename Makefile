@@ -101,13 +101,15 @@ test-models: $(DEV_STAMP) kernels models
 
 # CUDA checks, on a machine with a GPU: the Triton kernel tests compiled for real against their PyTorch
 # references, the default model's greedy parity on CUDA (tests/gpu), then benchmarks/kernels.py and
-# benchmarks/cuda.py, which write docs/benchmarks/kernels.* and cuda.*. Without CUDA it all skips.
+# benchmarks/cuda.py and benchmarks/profile_cuda.py, which write docs/benchmarks/kernels.*, cuda.* and
+# profile-cuda.*. Without CUDA it all skips.
 # GPU_PREREQ= and BIN=<a python's bin folder> run it on a machine's own torch instead of .venv's.
 GPU_PREREQ ?= $(DEV_STAMP)
 test-gpu: $(GPU_PREREQ)
 	INFER_TEST_DEVICE=cuda $(BIN)/python -m pytest -q -p no:cacheprovider -m "triton or gpu" tests/unit/kernels tests/gpu
 	@if $(BIN)/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
-		$(BIN)/python benchmarks/kernels.py --dtype bf16 fp16 fp32 && $(BIN)/python benchmarks/cuda.py; \
+		$(BIN)/python benchmarks/kernels.py --dtype bf16 fp16 fp32 && $(BIN)/python benchmarks/cuda.py && \
+		$(BIN)/python benchmarks/profile_cuda.py; \
 	else echo "test-gpu: torch sees no CUDA device; the GPU benchmarks are skipped"; fi
 
 # soak: mixed traffic (slow readers, disconnects, deadlines, invalid; hostile inputs in its second half) for 10 minutes; writes docs/reliability.md

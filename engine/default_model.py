@@ -282,8 +282,8 @@ def _write_tokenizer(gguf_path: Path, out_dir: Path, config: dict[str, Any]) -> 
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    if tok.eos_token_id != config["eos_token_id"]:
-        raise RuntimeError(f"tokenizer eos id {tok.eos_token_id} != GGUF eos id {config['eos_token_id']}")
+    # NOTE: the file's metadata names EOS; some transformers releases (5.17) read another token from it
+    tok.eos_token = tok.convert_ids_to_tokens(config["eos_token_id"])
     if not tok.chat_template:
         raise RuntimeError(f"{gguf_path.name} has no chat template")
     tok.model_max_length = config["max_position_embeddings"]

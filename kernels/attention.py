@@ -211,7 +211,9 @@ def _decode(
     # A decode query is one position, so the query heads sharing a KV head become that head's query
     # rows: each K/V head is read once, not once per query head as GQA broadcasting does.
     grouped = q.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    return _attend(grouped, k, v, mask, spec).view(n, num_heads, head_dim)
+    # NOTE: reshape, not view: CUDA's SDPA kernels return [n, kv_heads, group, d] in [n, group, kv_heads, d]
+    # strides (a copy there; a view of the CPU's contiguous output)
+    return _attend(grouped, k, v, mask, spec).reshape(n, num_heads, head_dim)
 
 
 def _prefill(

@@ -285,3 +285,20 @@ def test_two_processes_convert_once(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert len(calls.read_text().splitlines()) == 1
     assert dm.is_complete(tmp_path / "cache" / dm.DEFAULT_MODEL_NAME)
     assert leftovers(tmp_path / "cache") == []
+
+
+def test_tokenizer_eos_comes_from_the_file(gguf_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # transformers 5.17 reads <|im_start|> (id 1) as this file's EOS; the converted tokenizer keeps the file's id 2
+    from transformers import AutoTokenizer
+
+    load = AutoTokenizer.from_pretrained
+
+    def wrong_eos(*args: Any, **kwargs: Any) -> Any:
+        tok = load(*args, **kwargs)
+        tok.eos_token = "<|im_start|>"
+        return tok
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", wrong_eos)
+    dm._write_tokenizer(gguf_path, tmp_path, {"eos_token_id": 2, "max_position_embeddings": 8192})
+    tok_config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert tok_config["eos_token"] == "<|im_end|>"
