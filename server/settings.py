@@ -20,6 +20,7 @@ from infer.server.security import TlsFiles
 
 ENV_PREFIX = "INFER_"
 TRACE_EXPORTERS = ("none", "console", "otlp")
+METRICS_SETS = ("infer", "vllm")  # infer_* names; vLLM's, which an Inference Extension endpoint picker reads
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     grpc_port: int = DEFAULT_GRPC_PORT  # 0 = any free port
     metrics_port: int | None = 9464  # None = no metrics endpoint; 0 = any free port
+    metrics_sets: str = "infer,vllm"  # which names /metrics exports (METRICS_SETS), comma-separated
     http_port: int | None = 8000  # the OpenAI gateway; None = gRPC only; 0 = any free port
     health_port: int | None = None  # plaintext grpc.health.v1 only (probes while gRPC speaks TLS); None = off
     shutdown_grace_s: float = 30.0  # SIGTERM: how long in-flight streams may take to finish
@@ -58,6 +60,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         check("grpc_port", 0 <= self.grpc_port < 65536, "must be in [0, 65535]")
         check("metrics_port", self.metrics_port is None or 0 <= self.metrics_port < 65536, "must be in [0, 65535]")
+        sets = self.metric_sets
+        check("metrics_sets", bool(sets) and sets <= set(METRICS_SETS), f"one or more of {', '.join(METRICS_SETS)}")
         check("http_port", self.http_port is None or 0 <= self.http_port < 65536, "must be in [0, 65535]")
         check("health_port", self.health_port is None or 0 <= self.health_port < 65536, "must be in [0, 65535]")
         check(
@@ -80,6 +84,10 @@ class ServerConfig:
         age_s, age_grace_s = self.max_connection_age_s, self.max_connection_age_grace_s
         check("max_connection_age_s", age_s is None or age_s >= 0.001, "must be >= 0.001 (or none)")
         check("max_connection_age_grace_s", age_grace_s is None or age_grace_s >= 0, "must be >= 0 (or none)")
+
+    @property
+    def metric_sets(self) -> frozenset[str]:
+        return frozenset(name.strip() for name in self.metrics_sets.split(",") if name.strip())
 
     @property
     def tls(self) -> TlsFiles | None:
@@ -153,6 +161,12 @@ SETTINGS: tuple[Setting, ...] = (
     _server("grpc_port", int, "gRPC port (0 = any free port)"),
     _server("http_port", _port_or_off, "OpenAI-compatible HTTP gateway port (0 = any free port, off = gRPC only)"),
     _server("metrics_port", _port_or_off, "Prometheus /metrics port (0 = any free port, off = none)"),
+    _server(
+        "metrics_sets",
+        str,
+        "the metric names /metrics exports, comma-separated: infer (infer_*), vllm (vLLM's names, which an "
+        "Inference Extension endpoint picker reads without configuration: docs/deployment.md)",
+    ),
     _server("health_port", _port_or_off, "a plaintext port serving grpc.health.v1 only, for probes of a TLS server"),
     _server("shutdown_grace_s", float, "on SIGTERM, how long in-flight streams may take to finish"),
     _server("engine_stall_timeout_s", float, "health turns NOT_SERVING while one engine step runs longer (stalled)"),
