@@ -189,6 +189,7 @@ class AsyncEngine:
         self.core.wake()
         self._thread.join(timeout=10)
         self.core.structured.compiler.shutdown()
+        self.core.close()
 
 
 def _read_outcome(future: asyncio.Future[Any]) -> None:

@@ -3,12 +3,15 @@
 A full block is identified by the hash of its tokens chained to its parent
 block's hash. Freed blocks keep their hash and stay findable until they are
 evicted, least recently freed first. Methods come in check/act pairs.
+An optional `BlockEvents` hears of every block the prefix cache stores
+and evicts (KV-cache events: engine/kv_events.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 
 class BlockAccountingError(RuntimeError):
@@ -23,10 +26,20 @@ class Block:
     token_ids: tuple[int, ...] = ()
 
 
+class BlockEvents(Protocol):
+    """Told of each change to the prefix cache, on the step's thread (`KVEventPublisher`)."""
+
+    def block_stored(self, block_hash: int, parent_hash: int | None, token_ids: Sequence[int]) -> None: ...
+
+    def block_removed(self, block_hash: int) -> None: ...
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, events: BlockEvents | None = None
+    ) -> None:
         self.block_size, self.num_blocks = block_size, num_blocks
-        self.enable_prefix_caching = enable_prefix_caching
+        self.enable_prefix_caching, self.events = enable_prefix_caching, events
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids: dict[int, None] = dict.fromkeys(range(num_blocks))  # LRU order, evict first
         self.cached: dict[int, int] = {}  # block hash -> block id
@@ -78,6 +91,8 @@ class BlockManager:
             if block.block_hash is None and block_hash not in self.cached:
                 block.block_hash, block.token_ids = block_hash, tokens
                 self.cached[block_hash] = block.block_id
+                if self.events is not None:
+                    self.events.block_stored(block_hash, parent, tokens)
 
     # allocation
     def can_allocate(self, cached_blocks: Sequence[int], num_tokens: int) -> bool:
@@ -154,6 +169,8 @@ class BlockManager:
             # evict: the block's old content is about to be overwritten
             if self.cached.get(block.block_hash) == block_id:
                 del self.cached[block.block_hash]
+                if self.events is not None:
+                    self.events.block_removed(block.block_hash)
             block.block_hash, block.token_ids = None, ()
         block.ref_count = 1
         return block_id

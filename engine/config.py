@@ -45,6 +45,11 @@ class EngineConfig:
     # CPU seconds one grammar compile may take (tried first in a worker process, killed then); more: refused
     grammar_compile_budget_s: float = DEFAULT_COMPILE_BUDGET_S
     max_pending_grammars: int = DEFAULT_MAX_PENDING_GRAMMARS  # compiles queued or running; more are refused
+    # KV-cache events (engine/kv_events.py): blocks stored and evicted, on ZMQ in vLLM's layout
+    kv_events: bool = False
+    kv_events_endpoint: str = "tcp://*:5557"  # PUB socket: bound if a wildcard address, else connected to
+    kv_events_replay_endpoint: str | None = "tcp://*:5558"  # ROUTER socket for late subscribers; None = none
+    kv_events_pod_id: str | None = None  # the topic's kv@<pod-id>@<model>; None = the host name
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes",
@@ -63,6 +68,13 @@ class EngineConfig:
         check("static_batch_wait_s", self.static_batch_wait_s >= 0, "must be >= 0")
         check("grammar_compile_budget_s", self.grammar_compile_budget_s > 0, "must be > 0")
         check("max_pending_grammars", self.max_pending_grammars >= 1, "must be >= 1")
+        check("kv_events", not self.kv_events or self.enable_prefix_caching,
+              "needs enable_prefix_caching (without it no block is ever cached)")  # fmt: skip
+        check("kv_events_endpoint", "://" in self.kv_events_endpoint, "must be a ZMQ address (tcp://*:5557)")
+        replay = self.kv_events_replay_endpoint
+        check("kv_events_replay_endpoint", replay is None or "://" in replay, "must be a ZMQ address (tcp://*:5558)")
+        check("kv_events_pod_id", self.kv_events_pod_id is None or "@" not in self.kv_events_pod_id,
+              "must not hold '@' (the topic's separator)")  # fmt: skip
         if not self.enable_chunked_prefill:
             check("max_num_batched_tokens", self.max_num_batched_tokens >= self.max_model_len,
                    "must be >= max_model_len when chunked prefill is off")  # fmt: skip

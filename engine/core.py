@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -34,6 +34,9 @@ from infer.engine.structured import GrammarCompiler
 from infer.engine.structured_state import StructuredOutputs
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.validation import check
+
+if TYPE_CHECKING:
+    from infer.engine.kv_events import KVEventPublisher
 
 __all__ = ["EngineCore", "QueueFullError", "Runner", "Sink"]
 
@@ -70,7 +73,9 @@ class EngineCore:
               f"({config.max_blocks_per_seq} blocks)")  # fmt: skip
         self.config, self.runner, self.tokenizer, self.model_info = config, runner, tokenizer, model_info
         self.processor = InputProcessor(tokenizer, config.max_model_len, model_info.vocab_size)
-        self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv_events = _kv_event_publisher(config, model_info.model_id)  # None: events off, no thread or socket
+        self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching,
+                                          self.kv_events)  # fmt: skip
         self.scheduler: Scheduler[LiveRequest] = Scheduler(config, self.block_manager)
         self.sampler = Sampler(config.seed, runner.device)
         self.eos_token_ids = frozenset(model_info.eos_token_ids)
@@ -204,6 +209,8 @@ class EngineCore:
         return generator
 
     def _publish(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.end_step()  # this step's KV-cache events, as one batch
         self.inbox.publish(self._snapshot())
 
     def _snapshot(self) -> EngineStats:
@@ -224,6 +231,7 @@ class EngineCore:
             num_queued=sched.num_never_scheduled,
             prefill_tokens_per_s=c.prefill_throughput.tokens_per_s,
             num_steps=c.num_steps,
+            num_kv_events_dropped_total=self.kv_events.num_dropped if self.kv_events is not None else 0,
         )
 
     def _run(self, out: SchedulerOutput) -> None:
@@ -373,8 +381,22 @@ class EngineCore:
         if request is not None:
             self._finish(request, FinishReason.ERROR, error=f"{type(error).__name__}: {error}")
 
+    def close(self) -> None:
+        """Close what the core opened beside the model (the KV-cache events publisher), once its thread stops."""
+        if self.kv_events is not None:
+            self.kv_events.close()
+
     def fail_all(self, error: BaseException) -> None:
         """End every request with finish_reason `error` (the step loop itself failed)."""
         for request_id in list(self.scheduler.requests):
             self.fail(request_id, error)
         self._publish()
+
+
+def _kv_event_publisher(config: EngineConfig, model_id: str) -> KVEventPublisher | None:
+    if not config.kv_events:
+        return None
+    from infer.engine.kv_events import KVEventPublisher, topic  # NOTE: zmq is imported only when events are on
+
+    name = topic(config.kv_events_pod_id, model_id)
+    return KVEventPublisher(config.kv_events_endpoint, config.kv_events_replay_endpoint, name, config.block_size)
