@@ -120,6 +120,10 @@ def _optional_str(text: str) -> str | None:
     return text or None
 
 
+def _str_or_off(text: str) -> str | None:
+    return None if text.lower() in ("", "off", "none") else text
+
+
 def _bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -243,6 +247,29 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("enable_chunked_prefill", _bool, "cut long prompts into chunks under the step's token budget"),
     Setting("enable_prefix_caching", _bool, "reuse the KV blocks of shared prompt prefixes"),
+    Setting(
+        "kv_events",
+        _bool,
+        "publish KV-cache events (blocks stored and evicted) on ZMQ in vLLM's layout, for a precise prefix-cache "
+        "router such as llm-d's (docs/architecture.md); needs enable_prefix_caching",
+    ),
+    Setting(
+        "kv_events_endpoint",
+        str,
+        "the KV-cache events PUB socket: bound when the address is a wildcard (tcp://*:PORT), else connected to (a "
+        "router's SUB socket)",
+    ),
+    Setting(
+        "kv_events_replay_endpoint",
+        _str_or_off,
+        "the KV-cache events replay (ROUTER) socket, for subscribers that join late or miss batches: the last 10,000 "
+        "batches (off = none)",
+    ),
+    Setting(
+        "kv_events_pod_id",
+        _optional_str,
+        "the pod in the events' topic kv@POD@MODEL (none = the host name: a Kubernetes pod's name)",
+    ),
     Setting("static_batch_wait_s", float, "static batching: how long to gather a batch"),
     Setting("dtype", str, "weights and KV-cache dtype", choices=tuple(DTYPES)),
     Setting(
