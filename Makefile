@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := api engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving bench-structured bench-speculative peers test-gpu models test-models bench-models
+.PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving bench-structured bench-speculative peers test-gpu models test-models bench-models bench-kv-events
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -180,6 +180,11 @@ bench-structured: $(DEV_STAMP) kernels
 # n-gram speculative decoding at batch 1, on and off (input-grounded and random-token prompts)
 bench-speculative: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/speculative.py $(ARGS)
+
+# what KV-cache events cost: the engine step's time with --kv-events on vs off at 16 concurrent (the default model,
+# a fresh core per run, alternated rounds; goal within 2%); writes docs/benchmarks/kv-events.*; shorter: ARGS='--rounds 1'
+bench-kv-events: $(DEV_STAMP) kernels
+	$(BIN)/python benchmarks/kv_events.py $(ARGS)
 
 # the real models against llama-server on the same files: one stream, 16 concurrent, perplexity (ours and
 # llama-perplexity), peak RSS, time to SERVING, n-gram speculation on a code-editing workload; writes docs/benchmarks/models.*
