@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import tempfile
+import time
 
 import grpc
 import torch
@@ -25,6 +26,7 @@ from infer.server.servicer import InferenceServicer, add_to_server
 from infer.server.settings import ServerConfig
 from infer.server.signals import run_until_signal
 from infer.server.telemetry import Telemetry, make_span_exporter
+from infer.server.vllm_metrics import ServedModel
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +69,9 @@ class InferenceServer:
         self.config = config
         self.lifecycle = Lifecycle()
         exporter = span_exporter if span_exporter is not None else make_span_exporter(config.traces)
-        self.telemetry = Telemetry(self._stats, exporter, batch_spans=span_exporter is None)
+        self.telemetry = Telemetry(self._stats, exporter, batch_spans=span_exporter is None,
+                                   model=self._served_model, metric_sets=config.metric_sets)  # fmt: skip
+        self._loaded_s = 0.0  # wall-clock time the model was served
         self._server: grpc.aio.Server | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._local_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -84,6 +88,13 @@ class InferenceServer:
     def _stats(self) -> EngineStats | None:
         engine = self.lifecycle.engine
         return engine.stats() if engine is not None else None
+
+    def _served_model(self) -> ServedModel | None:
+        engine = self.lifecycle.engine
+        if engine is None:
+            return None
+        config = engine.config
+        return ServedModel(engine.model_info.model_id, config.block_size, config.enable_prefix_caching, self._loaded_s)
 
     async def start(self) -> None:
         """Listen at once, reporting NOT_SERVING until `load` is done."""
@@ -167,6 +178,7 @@ class InferenceServer:
         )  # fmt: skip
         omp = os.environ.get("OMP_NUM_THREADS")
         logger.info("%d CPU threads (%s)", torch.get_num_threads(), f"OMP_NUM_THREADS={omp}" if omp else "one per core")
+        self._loaded_s = time.time()
         await self.lifecycle.serve(engine)
         self._watchdog = asyncio.create_task(self.lifecycle.watch_engine(self.config.engine_stall_timeout_s))
         logger.info("SERVING on %s:%d", self.config.host, self.port)
@@ -243,5 +255,5 @@ async def start_gateway(server: InferenceServer) -> GatewayServer | None:
         )
     )
     await gateway.start()
-    server.telemetry.registry.register(gateway.metrics.registry)  # on the metrics port, off the public HTTP one
+    server.telemetry.add_own(gateway.metrics.registry)  # on the metrics port, off the public HTTP one
     return gateway

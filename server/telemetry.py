@@ -1,14 +1,16 @@
 """OpenTelemetry for the server: a span per RPC, and metrics exported in the Prometheus format.
 
 Each server owns its tracer and meter providers (no process-wide globals), and its own
-Prometheus registry, so several servers can live in one process (tests do).
+Prometheus registry, so several servers can live in one process (tests do). The registry holds up to two
+sets of names (`metric_sets`): infer's own (`infer_*`, through OpenTelemetry) and vLLM's for the
+endpoint picker of an inference gateway (`vllm_metrics.py`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -22,14 +24,16 @@ from prometheus_client import CollectorRegistry
 
 from infer.engine import EngineStats, RequestOutput
 from infer.server.metrics_http import start_metrics_server
+from infer.server.vllm_metrics import ModelSource, VllmMetrics
 
 logger = logging.getLogger(__name__)
 
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 StatsSource = Callable[[], EngineStats | None]
-# the model-server protocol's gauges (Gateway API Inference Extension) by their Prometheus names here;
-# the Helm chart's HPA and its README's endpoint-picker flags use the same names
+METRIC_SETS = ("infer", "vllm")
+# the model-server protocol's gauges (Gateway API Inference Extension) by infer's own Prometheus names;
+# the Helm chart's HPA uses them (a picker reads vLLM's names: vllm_metrics.py)
 PROTOCOL_GAUGES = {
     "TotalQueuedRequests": "infer_requests_waiting",
     "TotalRunningRequests": "infer_requests_running",
@@ -90,7 +94,17 @@ class RequestTrace:
 
 
 class Telemetry:
-    def __init__(self, stats: StatsSource, span_exporter: SpanExporter | None = None, batch_spans: bool = True) -> None:
+    """`metric_sets`: the names the registry exports, of METRIC_SETS; vllm's need `model` (the served model)."""
+
+    def __init__(
+        self,
+        stats: StatsSource,
+        span_exporter: SpanExporter | None = None,
+        batch_spans: bool = True,
+        *,
+        model: ModelSource | None = None,
+        metric_sets: Collection[str] = METRIC_SETS,
+    ) -> None:
         resource = Resource.create({"service.name": "infer"})
         self.tracer_provider = TracerProvider(resource=resource)
         if span_exporter is not None:
@@ -98,8 +112,15 @@ class Telemetry:
             self.tracer_provider.add_span_processor(processor(span_exporter))
         self.tracer = self.tracer_provider.get_tracer("infer.server")
         self.registry = CollectorRegistry()
-        reader = PrometheusMetricReader(disable_target_info=True, scope_info_enabled=False, registry=self.registry)
-        self.meter_provider = MeterProvider(metric_readers=[reader], resource=resource)
+        self.is_exporting_own = "infer" in metric_sets
+        readers = []
+        if self.is_exporting_own:  # NOTE: otherwise the instruments still record, and nothing reads them
+            readers.append(
+                PrometheusMetricReader(disable_target_info=True, scope_info_enabled=False, registry=self.registry)
+            )
+        if "vllm" in metric_sets and model is not None:
+            self.registry.register(VllmMetrics(stats, model))
+        self.meter_provider = MeterProvider(metric_readers=readers, resource=resource)
         self._stats = stats
         self._http: Any = None
         self._create_instruments()
@@ -172,6 +193,11 @@ class Telemetry:
             attributes={"rpc.system": "grpc", "rpc.method": method, "infer.request_id": request_id},
         )
         return RequestTrace(self, method, span)
+
+    def add_own(self, registry: CollectorRegistry) -> None:
+        """Export another registry of infer's own metrics (the in-process gateway's) with these, unless they are off."""
+        if self.is_exporting_own:
+            self.registry.register(registry)
 
     def serve_metrics(self, host: str, port: int, header_timeout_s: float = 10.0) -> int:
         """Start the Prometheus HTTP endpoint (bounded like the other doors: `metrics_http.py`); returns its port."""
