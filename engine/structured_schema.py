@@ -9,7 +9,10 @@ ignored, as JSON Schema says. `$ref`s are local JSON pointers only: nothing is e
 
 `json_schema_grammar` is the EBNF that a checked schema compiles from. NOTE: xgrammar writes a string with
 `minLength`/`maxLength` as a repetition of `[^"\\\r\n]`, which lets raw control characters through (invalid
-JSON) and refuses every escape; each such rule is rewritten to JSON's characters and escapes.
+JSON) and refuses every escape; each such rule is rewritten to JSON's characters and escapes, as whole UTF-8
+characters (its negated classes take the three bytes of a UTF-16 surrogate, which decode to three U+FFFD). And it
+enforces some formats loosely (a date's day 01-31 in any month, year 0000; an ipv4 octet's leading zeros; a leap
+second at any minute): those are compiled from exact patterns instead.
 """
 
 from __future__ import annotations
@@ -319,13 +322,40 @@ def _resolve(root: Any, node: Any) -> Any:
 
 # NOTE: a length-bounded string's character as xgrammar 0.2.8 writes it: `[^"\\\r\n]` (raw control characters
 # in, every escape out). Rewritten to a JSON string's character: anything but `"`, `\` and U+0000-U+001F, or
-# an escape; a `\u` escape of a surrogate only as a pair, so that each character counts one towards the length
+# an escape; a `\u` escape of a surrogate only as a pair, so that each character counts one towards the length.
+# The class is written as ranges without the surrogates: a negated class takes their bytes
 _LENGTH_BOUNDED_CHAR = '[^\\"\\\\\\r\\n]'
-_JSON_CHAR = r'(([^\0-\x1f\"\\]) | ("\\" {escape}))'
+_JSON_CHAR = r'(([ !#-\[\]-\ud7ff\ue000-\U0010ffff]) | ("\\" {escape}))'
 _HEX = "[0-9A-Fa-f]"
 _SURROGATE_PAIR = rf'"u" [Dd] [89ABab] {_HEX} {_HEX} "\\u" [Dd] [C-Fc-f] {_HEX} {_HEX}'
 _JSON_ESCAPE = (rf'{{escape}} ::= ([\"\\/bfnrt] | ("u" [0-9A-Ca-cEFef] {_HEX} {_HEX} {_HEX})'
                 rf' | ("u" [Dd] [0-7] {_HEX} {_HEX}) | ({_SURROGATE_PAIR}))')  # fmt: skip
+
+
+# formats xgrammar 0.2.8 enforces loosely, as patterns that take only valid values (NOTE: no leap second: whether
+# 23:59:60 is one depends on the time zone)
+_YEAR = "(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
+_MONTH_DAY = "((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
+_LEAP_DAY = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)-02-29"
+_DATE = f"({_YEAR}-{_MONTH_DAY}|{_LEAP_DAY})"
+_TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+EXACT_FORMATS = {"date": _DATE, "time": _TIME, "date-time": f"{_DATE}T{_TIME}", "ipv4": f"{_OCTET}(\\.{_OCTET}){{3}}"}
+
+
+def _exact_formats(schema: str) -> str:
+    """The schema with each format of EXACT_FORMATS as its pattern (a checked schema has no other string keyword
+    beside a format)."""
+    root = json.loads(schema)
+    nodes = [node for _, node in _nodes(root, "json_schema") if _is_exact_format(node)]
+    for node in nodes:
+        node["pattern"] = f"^{EXACT_FORMATS[node.pop('format')]}$"
+    return json.dumps(root) if nodes else schema
+
+
+def _is_exact_format(node: dict[str, Any]) -> bool:
+    form = node.get("format")
+    return isinstance(form, str) and form in EXACT_FORMATS and "type" in node and "string" in _types(node)
 
 
 def json_schema_grammar(schema: str) -> str:
@@ -333,7 +363,7 @@ def json_schema_grammar(schema: str) -> str:
     that the schema does not name); RuntimeError (xgrammar's) when it does not convert."""
     import xgrammar as xgr
 
-    ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True))
+    ebnf = str(xgr.Grammar.from_json_schema(_exact_formats(schema), any_whitespace=False, strict_mode=True))
     if _LENGTH_BOUNDED_CHAR not in ebnf:
         return ebnf
     escape = "infer_json_escape"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from infer.api import pb
@@ -108,3 +109,9 @@ def chat_bodies(draw: st.DrawFn, model: str) -> dict[str, Any]:
     body = {"model": draw(st.sampled_from([model, model, "other"])), "messages": draw(st.lists(message, max_size=4))}
     names = [*SAMPLING_FIELDS, "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools"]
     return body | draw(_fields(names))
+
+
+def examples(ci: int, fuzz: int) -> settings:
+    """Examples for a costly test: `ci` in the `ci` profile (make test), growing with the profile's count up to
+    `fuzz` (make fuzz: each test stays within pytest's per-test timeout on a busy 2-core machine)."""
+    return settings(max_examples=min(fuzz, max(ci, settings.default.max_examples * ci // 60)))
