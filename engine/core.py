@@ -32,6 +32,7 @@ from infer.engine.stats import EngineStats, StepCounters, StepRecord
 from infer.engine.stopping import banned_token_ids, finish_reason, is_stop_token
 from infer.engine.structured import GrammarCompiler
 from infer.engine.structured_state import StructuredOutputs
+from infer.engine.threads import ThreadGovernor, set_fixed_threads
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.validation import check
 
@@ -87,6 +88,8 @@ class EngineCore:
         self.speculator = Speculator(
             NgramDraft(), config.speculative_tokens, config.speculative_max_num_seqs, config.max_model_len
         )
+        set_fixed_threads(config, runner.device)
+        self.threads: ThreadGovernor | None = None  # a server's engine follows the free cores (AsyncEngine)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
@@ -166,6 +169,8 @@ class EngineCore:
         self.speculator.draft(running, [r.spec for r in running])
         out = self.scheduler.schedule(time.monotonic())
         if not out.is_empty:
+            if self.threads is not None:
+                self.threads.tick()
             self._run(out)
         elif not has_compiled:
             self.structured.wait(0.01)  # a grammar compiling: not a busy loop (the offline API steps in one)

@@ -299,6 +299,12 @@ SETTINGS: tuple[Setting, ...] = (
         int,
         "grammar compiles queued or running; more constraints not yet compiled are refused (RESOURCE_EXHAUSTED / 429)",
     ),
+    Setting(
+        "cpu_threads",
+        int,
+        "CPU threads: 0 = as many as other processes leave cores free, re-read every half second, up to torch's "
+        "count (OMP_NUM_THREADS, else one per core) and the cgroup CPU quota; N = exactly N",
+    ),
 )
 
 
