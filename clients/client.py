@@ -255,6 +255,13 @@ class AsyncInferClient:
         stub, _ = self._stubs()
         return list((await self._unary(stub.Tokenize, tokenize_request(text, tools, **options), metadata)).token_ids)
 
+    async def tokenize_message(self, request: pb.TokenizeRequest, *, metadata: Metadata = ()) -> pb.TokenizeResponse:
+        """Tokenize a whole request message (token ids, a Generate's sampling to check it as Generate would); the
+        response as it is: ids, text, max_tokens."""
+        stub, _ = self._stubs()
+        response: pb.TokenizeResponse = await self._unary(stub.Tokenize, request, metadata)
+        return response
+
     async def health(self, service: str = "") -> str:
         _, health = self._stubs()
         response = await self._unary(health.Check, health_pb2.HealthCheckRequest(service=service))

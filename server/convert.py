@@ -136,12 +136,17 @@ def tokenize_prompt(request: pb.TokenizeRequest) -> Prompt:
     if kind == "messages":
         add_prompt = request.add_generation_prompt if request.HasField("add_generation_prompt") else True
         return Prompt(messages=_messages(request.messages), tools=tools, add_generation_prompt=add_prompt)
-    raise InvalidInput("input", "one of text or messages is required")
+    if kind == "token_ids":
+        return Prompt(token_ids=request.token_ids.ids)
+    raise InvalidInput("input", "one of text, messages or token_ids is required")
 
 
 def tokenize_response(request: pb.TokenizeRequest, processed: ProcessedInput) -> pb.TokenizeResponse:
     text = processed.rendered if processed.rendered is not None else request.text
-    return pb.TokenizeResponse(token_ids=processed.prompt_token_ids, text=text)
+    response = pb.TokenizeResponse(token_ids=processed.prompt_token_ids, text=text)
+    if request.HasField("sampling") and processed.params.max_tokens is not None:  # settled by process()
+        response.max_tokens = processed.params.max_tokens
+    return response
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,7 @@ def checked_input_size(request: pb.GenerateRequest | pb.TokenizeRequest, bounds:
     if kind == "prompt" or kind == "text":
         size = InputSize(num_chars=len(getattr(request, kind)))
         bounds.check_chars(kind, size.num_chars)
-    elif kind == "token_ids" and isinstance(request, pb.GenerateRequest):
+    elif kind == "token_ids":
         size = InputSize(num_token_ids=len(request.token_ids.ids))
         bounds.check_tokens(size.num_token_ids)
     elif kind == "messages":

@@ -132,9 +132,15 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         async with self._rpc(context, "Tokenize") as (engine, _):
             bounds = self.limits.bounds(engine.config.max_model_len)
             size = convert.checked_input_size(request, bounds)
-            processed = await self.prompt_workers.run(
-                size, lambda: engine.tokenize(convert.tokenize_prompt(request), bounds.engine)
-            )
+            if request.HasField("sampling"):  # checked as Generate checks it (the render endpoints)
+                params = convert.sampling_params(request.sampling)
+                processed = await self.prompt_workers.run(
+                    size, lambda: engine.process(convert.tokenize_prompt(request), params, bounds.engine)
+                )
+            else:
+                processed = await self.prompt_workers.run(
+                    size, lambda: engine.tokenize(convert.tokenize_prompt(request), bounds.engine)
+                )
             return convert.tokenize_response(request, processed)
         raise AssertionError("unreachable: _rpc aborts on error")
 

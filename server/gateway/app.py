@@ -60,6 +60,8 @@ def app_for(config: GatewayConfig) -> ASGIApp:
         routes=[
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+            Route("/v1/completions/render", routes.render_completions, methods=["POST"]),
+            Route("/v1/chat/completions/render", routes.render_chat_completions, methods=["POST"]),
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/v1/models/{model:path}", routes.model, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),

@@ -14,7 +14,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from infer.server.gateway.errors import APIError
 from infer.server.gateway.render import Choice
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health")
+ENDPOINTS = (
+    "/v1/completions", "/v1/chat/completions", "/v1/completions/render", "/v1/chat/completions/render", "/v1/models",
+    "/health",
+)  # fmt: skip
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from infer.api import API_KEY_METADATA, REQUEST_ID, pb
-from infer.server.gateway import translate
+from infer.server.gateway import prompts, translate
 from infer.server.gateway.errors import RETRY_AFTER_S, APIError, body_field, from_validation
 from infer.server.gateway.metrics import GatewayMetrics
 from infer.server.gateway.render import ChatFormat, Choice, CompletionFormat, Format, Json, Meta
@@ -183,6 +183,37 @@ class Routes:
         # NOTE: no max_tokens: the model server fills in what the context leaves after the rendered chat
         requests = translate.chat_requests(body, request_id, body.max_new_tokens)
         return await self._generate(request, body, requests, ChatFormat(meta))
+
+    async def render_completions(self, request: Request) -> Response:
+        """POST /v1/completions/render: each prompt's token ids as /v1/completions would run it (prompts.py)"""
+        return await self._with_request_id(request, self._render_completions)
+
+    async def _render_completions(self, request: Request, request_id: str) -> Response:
+        body = await self._parse(request, CompletionRequest)
+        requests = translate.completion_requests(body, request_id)[:: body.n]  # one per prompt
+        ids = [f"cmpl-{request_id}"] if len(requests) == 1 else [f"cmpl-{request_id}-{i}" for i in range(len(requests))]
+        return JSONResponse(await self._render(request, body, requests, ids))
+
+    async def render_chat_completions(self, request: Request) -> Response:
+        """POST /v1/chat/completions/render: the chat's token ids as /v1/chat/completions would run it"""
+        return await self._with_request_id(request, self._render_chat_completions)
+
+    async def _render_chat_completions(self, request: Request, request_id: str) -> Response:
+        body = await self._parse(request, ChatCompletionRequest)
+        requests = translate.chat_requests(body, request_id, body.max_new_tokens)[:1]
+        (rendered,) = await self._render(request, body, requests, [f"chatcmpl-{request_id}"])
+        return JSONResponse(rendered)
+
+    async def _render(
+        self, request: Request, body: Sampling, requests: Sequence[pb.GenerateRequest], ids: Sequence[str]
+    ) -> list[Json]:
+        metadata = _metadata(request)
+        model = await self._check_model(body.model, metadata)
+        try:
+            tokenized = await prompts.tokenize(self.upstream, requests, metadata)
+        except APIError as e:
+            raise body_field(e, body.constraint_param) from None
+        return [prompts.rendered(i, model, body, r, p) for i, r, p in zip(ids, requests, tokenized, strict=True)]
 
     async def _generate(
         self, request: Request, body: Sampling, requests: Sequence[pb.GenerateRequest], fmt: Format

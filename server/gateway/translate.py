@@ -79,3 +79,16 @@ def chat_requests(body: ChatCompletionRequest, request_id: str, max_tokens: int 
     if body.parallel_tool_calls is not None:
         request.parallel_tool_calls = body.parallel_tool_calls
     return _requests([request], body.n, request_id, body.seed)
+
+
+def tokenize_request(request: pb.GenerateRequest) -> pb.TokenizeRequest:
+    """A Tokenize of what this Generate would prefill, checked with its sampling (the render endpoints)."""
+    out = pb.TokenizeRequest(tools=request.tools, sampling=request.sampling)
+    kind = request.WhichOneof("input")
+    if kind == "prompt":
+        out.text = request.prompt
+    elif kind == "token_ids":
+        out.token_ids.CopyFrom(request.token_ids)
+    elif kind == "messages":
+        out.messages.CopyFrom(request.messages)
+    return out

@@ -1,6 +1,6 @@
 """What the gateway asks the model server, over the shared asyncio client (`infer.clients.AsyncInferClient`: one
-channel, opened on first use in the serving loop): model info (asked once), prompt tokens, Generate streams and
-health. Failed calls raise APIError."""
+channel, opened on first use in the serving loop): model info (asked once), prompt tokens (Tokenize, for the
+render endpoints), Generate streams and health. Failed calls raise APIError."""
 
 from __future__ import annotations
 
@@ -37,6 +37,13 @@ class Upstream:
             except InferError as e:
                 raise from_grpc(e) from None
         return self._model_info
+
+    async def tokenize(self, request: pb.TokenizeRequest, metadata: Metadata = ()) -> pb.TokenizeResponse:
+        """The model server's Tokenize: a render request's ids, checked as its Generate would be."""
+        try:
+            return await self.client.tokenize_message(request, metadata=metadata)
+        except InferError as e:
+            raise from_grpc(e) from None
 
     def generate(self, request: pb.GenerateRequest, metadata: Metadata = ()) -> GenerateStream:
         """Start a Generate stream; its errors (InferError) surface while reading it."""
