@@ -233,6 +233,7 @@ class EngineCore:
             num_cached_tokens_total=c.num_cached_tokens_total,
             tokens_per_s=c.throughput.tokens_per_s,
             queued_tokens=sched.num_tokens_to_compute,
+            cpu_threads=torch.get_num_threads() if self.runner.device.type == "cpu" else 0,
             num_queued=sched.num_never_scheduled,
             prefill_tokens_per_s=c.prefill_throughput.tokens_per_s,
             num_steps=c.num_steps,

@@ -28,6 +28,7 @@ class EngineStats:
     num_grammars_compiled_total: int = 0  # grammar compiles run, whatever their outcome
     num_grammars_refused_total: int = 0  # constraints refused for what compiling them costs
     grammar_compile_s_total: float = 0.0  # the compiles' time (their trial in the worker process included)
+    cpu_threads: int = 0  # CPU threads the steps run on now (engine/threads.py; 0 on a GPU)
     num_kv_events_dropped_total: int = 0  # KV-cache events dropped unsent (the publisher thread fell behind)
 
     @property

@@ -145,6 +145,11 @@ class Telemetry:
             "infer.kv_blocks.used": ("{block}", "KV-cache blocks in use", "num_blocks_used"),
             "infer.kv_blocks.free": ("{block}", "KV-cache blocks free", "num_blocks_free"),
             "infer.grammar.compiles.pending": ("{compile}", "compiles queued or running", "num_grammars_pending"),
+            "infer.cpu_threads": (
+                "{thread}",
+                "CPU threads the engine steps on (they follow the free cores)",
+                "cpu_threads",
+            ),
         }
         for name, (unit, description, attr) in gauges.items():
             meter.create_observable_gauge(name, [self._observe(attr)], unit, description)
