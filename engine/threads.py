@@ -133,7 +133,7 @@ class ThreadGovernor:
         cpus, quota = allowed_cpus(), quota_cores()
         most = torch.get_num_threads()
         if quota is not None:
-            most = min(most, max(1, math.ceil(quota)))
+            most = min(most, max(1, math.floor(quota)))  # NOTE: 2 threads in 1.5 cores get throttled mid-region
         if most < 2 or read_sample(cpus) is None:
             return None
         return cls(most, cpus)

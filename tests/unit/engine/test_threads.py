@@ -165,3 +165,17 @@ def test_the_tokens_and_logprobs_do_not_depend_on_the_thread_count(default_model
     finally:
         torch.set_num_threads(before)
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize(("quota", "expected"), [(None, 2), (1.5, None), (2.0, 2), (0.5, None)])
+def test_the_cgroup_quota_bounds_the_threads(
+    monkeypatch: pytest.MonkeyPatch, quota: float | None, expected: int | None
+) -> None:
+    # whole cores of the quota: 2 threads in 1.5 cores are throttled mid-region; one thread leaves nothing to govern
+    from infer.engine import threads
+
+    monkeypatch.setattr(threads, "quota_cores", lambda: quota)
+    monkeypatch.setattr(threads, "allowed_cpus", lambda: frozenset({0, 1}))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    gov = ThreadGovernor.for_machine()
+    assert (gov.max_threads if gov else None) == expected
