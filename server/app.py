@@ -252,6 +252,7 @@ async def start_gateway(server: InferenceServer) -> GatewayServer | None:
             api_keys=server.api_keys,
             limits=HttpLimits(config.max_request_bytes, config.http_header_timeout_s, config.http_body_timeout_s),
             allowed_origins=parse_origins(config.allowed_origins),
+            metrics=server.telemetry.registry if config.http_metrics else None,
         )
     )
     await gateway.start()

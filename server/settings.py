@@ -30,6 +30,7 @@ class ServerConfig:
     grpc_port: int = DEFAULT_GRPC_PORT  # 0 = any free port
     metrics_port: int | None = 9464  # None = no metrics endpoint; 0 = any free port
     metrics_sets: str = "infer,vllm"  # which names /metrics exports (METRICS_SETS), comma-separated
+    http_metrics: bool = False  # also GET /metrics on the HTTP port, open like /health (an endpoint picker's default)
     http_port: int | None = 8000  # the OpenAI gateway; None = gRPC only; 0 = any free port
     health_port: int | None = None  # plaintext grpc.health.v1 only (probes while gRPC speaks TLS); None = off
     shutdown_grace_s: float = 30.0  # SIGTERM: how long in-flight streams may take to finish
@@ -170,6 +171,12 @@ SETTINGS: tuple[Setting, ...] = (
         str,
         "the metric names /metrics exports, comma-separated: infer (infer_*), vllm (vLLM's names, which an "
         "Inference Extension endpoint picker reads without configuration: docs/deployment.md)",
+    ),
+    _server(
+        "http_metrics",
+        _bool,
+        "also serve /metrics on the HTTP port, without an API key like /health: where an Inference Extension "
+        "endpoint picker scrapes a pool's pods unless told another port",
     ),
     _server("health_port", _port_or_off, "a plaintext port serving grpc.health.v1 only, for probes of a TLS server"),
     _server("shutdown_grace_s", float, "on SIGTERM, how long in-flight streams may take to finish"),

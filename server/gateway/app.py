@@ -7,14 +7,17 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
@@ -56,8 +59,12 @@ def app_for(config: GatewayConfig) -> ASGIApp:
         yield
         await client.close()
 
+    metrics_route = (
+        [Route("/metrics", _metrics_endpoint(config.metrics), methods=["GET"])] if config.metrics is not None else []
+    )
     app = Starlette(
         routes=[
+            *metrics_route,
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/completions/render", routes.render_completions, methods=["POST"]),
@@ -82,6 +89,15 @@ def app_for(config: GatewayConfig) -> ASGIApp:
     return app
 
 
+def _metrics_endpoint(registry: CollectorRegistry) -> Callable[[Request], Awaitable[Response]]:
+    async def metrics(request: Request) -> Response:
+        """GET /metrics (`metrics`): the registry in Prometheus' text format, rendered off the event loop."""
+        body = await asyncio.to_thread(generate_latest, registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return metrics
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     upstream: str = DEFAULT_ADDRESS  # the gRPC server, host:port
@@ -97,6 +113,8 @@ class GatewayConfig:
     api_keys: ApiKeys | None = field(default=None, repr=False)  # None: open (the upstream may still check)
     limits: HttpLimits = field(default_factory=HttpLimits)
     allowed_origins: tuple[str, ...] = ()  # browser origins let in without a key, and given CORS (origins.py)
+    # also served at GET /metrics on the HTTP port, open like /health (`infer serve --http-metrics`); None: not
+    metrics: CollectorRegistry | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.http_port < 65536:

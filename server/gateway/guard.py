@@ -28,7 +28,7 @@ from infer.server.security import ApiKeys
 
 logger = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # NOTE: /metrics is served here only when asked (--http-metrics)
 JSON_TYPE = "application/json"
 
 

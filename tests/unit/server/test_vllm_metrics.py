@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import grpc
+import httpx
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -26,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from infer.api import pb, pb_grpc
 from infer.engine.stats import EngineStats
+from infer.server.app import start_gateway
 from infer.server.settings import ServerConfig
 from infer.server.telemetry import Telemetry
 from infer.server.vllm_metrics import ServedModel
@@ -136,3 +138,23 @@ def test_no_model_yet_exports_no_picker_gauges() -> None:
 def test_an_unknown_metrics_set_is_refused(sets: str) -> None:
     with pytest.raises(ValueError, match="metrics_sets"):
         ServerConfig(metrics_sets=sets)
+
+
+@pytest.mark.parametrize("http_metrics", [True, False])
+def test_http_metrics_serves_the_same_metrics_on_the_http_port_without_a_key(http_metrics: bool) -> None:
+    """Where a picker scrapes by default: the pool's target port (the OpenAI HTTP port), `/metrics`."""
+    settings = {"metrics_port": 0, "http_port": 0, "http_metrics": http_metrics, "api_key": "secret-key"}
+    with running_fake_server(settings) as server:
+        gateway = server.call(start_gateway(server.server))
+        assert gateway is not None
+        try:
+            response = httpx.get(f"http://127.0.0.1:{gateway.port}/metrics", timeout=10)
+        finally:
+            server.call(gateway.stop())
+    if not http_metrics:
+        assert response.status_code == 404  # not served on the HTTP port
+        return
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    assert {"vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "infer_requests_waiting"} <= set(families)
+    assert "infer_gateway_requests" in families  # the in-process gateway's own, as on the metrics port
