@@ -10,6 +10,7 @@ import torch
 from infer.engine.speculative import MAX_SPECULATIVE_TOKENS
 from infer.engine.structured import DEFAULT_COMPILE_BUDGET_S, DEFAULT_MAX_PENDING_GRAMMARS
 from infer.engine.validation import check
+from infer.kernels.backend import BACKENDS
 
 DEFAULT_MAX_MODEL_LEN = 2048  # when the model allows as much
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
@@ -53,6 +54,7 @@ class EngineConfig:
     # CPU threads: 0 = as many as other processes leave cores free, up to torch's count (engine/threads.py);
     # N = exactly N
     cpu_threads: int = 0
+    kernels: str | None = None  # the kernel backend: auto | torch | cpu | triton; None: INFER_KERNELS, else auto
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes",
@@ -79,6 +81,7 @@ class EngineConfig:
         check("kv_events_pod_id", self.kv_events_pod_id is None or "@" not in self.kv_events_pod_id,
               "must not hold '@' (the topic's separator)")  # fmt: skip
         check("cpu_threads", self.cpu_threads >= 0, "must be >= 0 (0 = follow the free cores)")
+        check("kernels", self.kernels is None or self.kernels in BACKENDS, f"must be one of {', '.join(BACKENDS)}")
         if not self.enable_chunked_prefill:
             check("max_num_batched_tokens", self.max_num_batched_tokens >= self.max_model_len,
                    "must be >= max_model_len when chunked prefill is off")  # fmt: skip

@@ -113,13 +113,14 @@ def _load_weights(model: CausalLM, files: list[Path]) -> None:
 
 def load_model(model_path: str | Path, config: EngineConfig | None = None, kernels: str | None = None) -> CausalLM:
     """The model a directory or GGUF file describes, loaded for `config` (its device, dtype, max_model_len and
-    quantization; the defaults when None) on the kernel backend `kernels` names (None: INFER_KERNELS), chosen
-    here, once.
+    quantization; the defaults when None) on the kernel backend `kernels` names (None: `config.kernels`, whose
+    None is INFER_KERNELS), chosen here, once.
 
     The config is read once; `model.cfg` is what it says. ValueError when `config.max_model_len` is more
     than the model's positions (before any weight is read), ModelLoadError for a model we cannot load.
     """
     path, config = Path(model_path), config or EngineConfig()
+    kernels = config.kernels if kernels is None else kernels
     gguf_file = _find_gguf(path)
     if gguf_file is not None:
         return load_gguf_model(open_source(gguf_file), config, kernels)

@@ -70,11 +70,12 @@ class Tokenizer:
         self._compiled_template: jinja2.Template | None = None
 
     @classmethod
-    def from_dir(cls, model_dir: Path, model_eos_token_ids: Iterable[int] = ()) -> Tokenizer:
+    def from_dir(cls, model_dir: Path, model_eos_token_ids: Iterable[int] | None = None) -> Tokenizer:
         """Load `tokenizer.json` (required) and the optional tokenizer configs of a Hugging Face model directory.
 
-        `model_eos_token_ids`: `config.json`'s `eos_token_id`, from the model config the loader parsed (this
-        never reads `config.json` itself)."""
+        `model_eos_token_ids`: the model's EOS ids as the loader parsed them (`config.json`'s and
+        `generation_config.json`'s); None, for a tokenizer loaded on its own, reads `generation_config.json`'s.
+        Never reads `config.json`."""
         model_dir = Path(model_dir)
         path = model_dir / "tokenizer.json"
         if not path.is_file():
@@ -88,8 +89,10 @@ class Tokenizer:
             tok_cfg.update(_read_json(model_dir / "special_tokens_map.json"))  # legacy layout
         special = {k: t for k in SPECIAL_TOKEN_NAMES if (t := _token_spec(tok_cfg.get(k))) is not None}
         extra = [t for k in EXTRA_SPECIAL_KEYS for raw in _as_list(tok_cfg.get(k)) if (t := _token_spec(raw))]
-        eos_ids = _ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
-        eos_ids |= set(model_eos_token_ids)
+        if model_eos_token_ids is None:  # a tokenizer on its own: generation_config.json's (the loader's parse has it)
+            eos_ids = _ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
+        else:
+            eos_ids = set(model_eos_token_ids)
         return cls(
             backend,
             special_tokens=special,

@@ -14,6 +14,7 @@ from typing import Any
 
 from infer.api import DEFAULT_GRPC_PORT
 from infer.engine import DTYPES, QUANTIZATIONS, EngineConfig, check
+from infer.kernels.backend import BACKENDS
 from infer.server.gateway.origins import parse_origins
 from infer.server.limits import RequestLimits
 from infer.server.security import TlsFiles
@@ -311,6 +312,13 @@ SETTINGS: tuple[Setting, ...] = (
         int,
         "CPU threads: 0 = as many as other processes leave cores free, re-read every half second, up to torch's "
         "count (OMP_NUM_THREADS, else one per core) and the cgroup CPU quota; N = exactly N",
+    ),
+    Setting(
+        "kernels",
+        str,
+        "kernel backend (unset: auto): auto (Triton on CUDA, the compiled CPU kernels where built, else the "
+        "PyTorch references), torch (the references), cpu, triton",
+        choices=BACKENDS,
     ),
 )
 

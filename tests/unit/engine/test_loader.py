@@ -109,6 +109,17 @@ def test_the_model_runs_on_the_backend_chosen_at_load(llama_dir: Path, monkeypat
     assert logits.shape == (1, 128)
 
 
+def test_the_configs_kernels_choose_the_backend_over_the_environment(
+    llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INFER_KERNELS", "nonsense")  # the environment is only the default
+    assert load_model(llama_dir, EngineConfig(kernels="torch")).kernels.name == "torch"
+    monkeypatch.setenv("INFER_KERNELS", "torch")
+    assert load_model(llama_dir, EngineConfig()).kernels.name == "torch"
+    with pytest.raises(ValueError, match="kernels: must be one of auto, torch, cpu, triton"):
+        EngineConfig(kernels="cuda")
+
+
 def test_an_engine_reads_config_json_once_and_reports_its_kernels(
     default_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -127,6 +138,7 @@ def test_an_engine_reads_config_json_once_and_reports_its_kernels(
     core = EngineCore.from_config(EngineConfig(model=str(default_model_dir), max_model_len=256, num_blocks=32))
     assert parsed == ["llama"]
     assert read.count("config.json") == 1  # the tokenizer takes its eos ids from the parsed model config
+    assert read.count("generation_config.json") == 1  # the loader's parse holds its eos ids too
     assert core.model_info.kernels == "torch" and core.config.max_model_len == 256
 
 

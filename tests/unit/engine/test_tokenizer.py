@@ -147,13 +147,16 @@ def test_config_special_tokens_are_registered_like_transformers(tmp_path: Path) 
     assert ours.special_tokens["bos_token"] == "<s>"
 
 
-def test_eos_token_ids_union_of_configs(tmp_path: Path) -> None:
+def test_eos_token_ids_from_the_loader_or_generation_config(tmp_path: Path) -> None:
     extra: dict[str, dict[str, Any]] = {"generation_config.json": {"eos_token_id": [5, 6]}}
     model_dir = write_model_dir(tmp_path, extra_files=extra)
-    tok = Tokenizer.from_dir(model_dir, model_eos_token_ids=(7,))  # config.json's, as the loader parsed it
+    # the loader's ids (config.json's and generation_config.json's, parsed once): generation_config.json not read
+    tok = Tokenizer.from_dir(model_dir, model_eos_token_ids=(5, 6, 7))
     im_end = tok.token_to_id("<|im_end|>")
     assert im_end is not None
     assert tok.eos_token_ids == frozenset({5, 6, 7, im_end})
+    # a tokenizer on its own reads generation_config.json's
+    assert Tokenizer.from_dir(model_dir).eos_token_ids == frozenset({5, 6, im_end})
 
 
 def test_config_json_is_not_read_again(tmp_path: Path) -> None:
