@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from infer.engine.stats import EngineStats
     from infer.engine.stream import RequestStream
     from infer.engine.structured import Constraint
-    from infer.engine.structured_tool_parsers import ToolCallDelta, ToolCallParser
-    from infer.engine.structured_tools import Tool, ToolChoice, ToolChoiceMode, ToolUse
     from infer.engine.tokenizer import Tokenizer
+    from infer.engine.tools.parsers import ToolCallDelta, ToolCallParser
+    from infer.engine.tools.use import Tool, ToolChoice, ToolChoiceMode, ToolUse
     from infer.engine.validation import InvalidInput, check
 
 _EXPORTS = {
@@ -52,12 +52,12 @@ _EXPORTS = {
     "Timings": "request",
     "TokenLogprob": "request",
     "Tokenizer": "tokenizer",
-    "Tool": "structured_tools",
-    "ToolCallDelta": "structured_tool_parsers",
-    "ToolCallParser": "structured_tool_parsers",
-    "ToolChoice": "structured_tools",
-    "ToolChoiceMode": "structured_tools",
-    "ToolUse": "structured_tools",
+    "Tool": "tools.use",
+    "ToolCallDelta": "tools.parsers",
+    "ToolCallParser": "tools.parsers",
+    "ToolChoice": "tools.use",
+    "ToolChoiceMode": "tools.use",
+    "ToolUse": "tools.use",
     "Usage": "request",
     "check": "validation",
     "default_model_dir": "default_model",

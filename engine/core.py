@@ -31,7 +31,7 @@ from infer.engine.speculative import NgramDraft, SpecState, Speculator, accept_d
 from infer.engine.stats import EngineStats, StepCounters, StepRecord
 from infer.engine.stopping import banned_token_ids, finish_reason, is_stop_token
 from infer.engine.structured import GrammarCompiler
-from infer.engine.structured_state import StructuredOutputs
+from infer.engine.structured.manager import StructuredOutputs
 from infer.engine.threads import ThreadGovernor, set_fixed_threads
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.validation import check

@@ -89,7 +89,8 @@ def _trial(backend: xgr.GrammarCompiler, kind: str, text: str, budget_s: float) 
         limit_s = math.ceil(budget_s) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (limit_s, limit_s + 1))
         threading.Thread(target=_watch, args=(budget_s, threading.get_native_id()), daemon=True).start()
-        from infer.engine.structured import Constraint, _compile
+        from infer.engine.structured.compiler import _compile
+        from infer.engine.structured.constraint import Constraint
 
         with contextlib.suppress(Exception):  # NOTE: the server's own compile fails the same way and says how
             _compile(backend, Constraint.of(kind, text))

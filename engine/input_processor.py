@@ -15,9 +15,9 @@ from typing import Any
 
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.structured import Constraint
-from infer.engine.structured_tool_parsers import ToolCallParser
-from infer.engine.structured_tools import Tool, ToolChoice, ToolChoiceMode, ToolUse
 from infer.engine.tokenizer import Tokenizer
+from infer.engine.tools.parsers import ToolCallParser
+from infer.engine.tools.use import Tool, ToolChoice, ToolChoiceMode, ToolUse
 from infer.engine.validation import InvalidInput, check
 
 _LIMITS = ("max_prompt_tokens", "max_output_tokens", "max_prompt_chars")

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from infer.engine.speculative import SpecState
-    from infer.engine.structured_state import GrammarState
+    from infer.engine.structured.manager import GrammarState
 
 
 class RequestStatus(enum.Enum):

@@ -16,7 +16,7 @@ import torch
 
 from infer.engine.request import TokenLogprob
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.structured_state import TokenBitmask, apply_bitmask
+from infer.engine.structured.manager import TokenBitmask, apply_bitmask
 
 LOGPROB_FLOOR = -9999.0  # the logprob of a token that cannot be drawn (banned): finite, so JSON can carry it
 ARGMAX_CHUNK = 2048  # logits a chunk in `argmax_rows`

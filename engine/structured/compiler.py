@@ -1,24 +1,21 @@
-"""Constrained decoding: what a request may ask for (`Constraint`), and `GrammarCompiler`, which compiles it.
+"""`GrammarCompiler`: a `Constraint` compiled into a token-level automaton, off the step thread, cached.
 
-xgrammar turns a constraint into a token-level automaton once per (kind, text), on the compiler's own
-threads (never the step thread); each request then walks it with its own matcher
-(`structured_state.GrammarState`), and the sampler masks the tokens the automaton forbids.
+xgrammar compiles once per (kind, text), on the compiler's own threads (never the step thread); each request
+then walks it with its own matcher (`manager.GrammarState`), and the sampler masks the tokens the automaton
+forbids.
 xgrammar is imported on first use: it takes ~2 s (it pulls in transformers).
 """
 
 from __future__ import annotations
 
-import enum
-import json
 import logging
 import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from infer.engine.grammar_budget import (
     CHEAP_COMPILE_CPU_S,
@@ -32,8 +29,9 @@ from infer.engine.grammar_budget import (
     refusal,
     trial_worker,
 )
-from infer.engine.structured_schema import check_schema, json_schema_grammar
-from infer.engine.validation import InvalidInput, QueueFullError, check
+from infer.engine.structured.constraint import JSON_OBJECT_SCHEMA, Constraint, ConstraintKind, choice_grammar
+from infer.engine.structured.schema import json_schema_grammar
+from infer.engine.validation import InvalidInput, QueueFullError
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -42,93 +40,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MAX_CONSTRAINT_CHARS = 65536  # a schema, regex or grammar; choices together
-MAX_CHOICES = 1024
 MAX_CACHED_GRAMMARS = 256
 MAX_CACHED_GRAMMAR_BYTES = 256 << 20
 DEFAULT_COMPILE_BUDGET_S = 10.0  # CPU seconds one compile may take (grammar_compile_budget_s)
 DEFAULT_MAX_PENDING_GRAMMARS = 16  # compiles queued or running (max_pending_grammars)
 TRIAL_WALL_LIMIT_S = 60.0  # and 10 x the budget: a trial with no answer by then is given up (not refused)
-JSON_OBJECT_SCHEMA = '{"type": "object"}'
-
-
-class ConstraintKind(enum.StrEnum):
-    JSON_SCHEMA = "json_schema"  # a JSON schema (JSON text)
-    JSON_OBJECT = "json_object"  # any JSON object
-    REGEX = "regex"
-    GRAMMAR = "grammar"  # EBNF (GBNF-style: `root ::= ...`)
-    CHOICE = "choice"  # exactly one of some strings
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """The output must match this. ValueError names the kind (`json_schema: ...`) when it is malformed;
-    whether it compiles is the compiler's to say."""
-
-    kind: ConstraintKind
-    text: str = ""  # the schema, regex or grammar; for a choice, a JSON list of the strings; "" for json_object
-
-    def __post_init__(self) -> None:
-        try:
-            kind = ConstraintKind(self.kind)
-        except ValueError:
-            kinds = ", ".join(k.value for k in ConstraintKind)
-            raise InvalidInput("constraint", f"{str(self.kind)[:40]!r} is not one of {kinds}") from None
-        object.__setattr__(self, "kind", kind)
-        check(kind, len(self.text) <= MAX_CONSTRAINT_CHARS, f"at most {MAX_CONSTRAINT_CHARS} characters")
-        if kind is ConstraintKind.JSON_OBJECT:
-            check(kind, self.text == "", "takes no text")
-        elif kind is ConstraintKind.JSON_SCHEMA:
-            schema = _json(kind, self.text)
-            check(kind, isinstance(schema, dict), "must be a JSON object")
-            check_schema(schema, kind)  # what xgrammar would not enforce
-        elif kind is ConstraintKind.CHOICE:
-            choices = _json(kind, self.text)
-            check(kind, isinstance(choices, list) and 0 < len(choices) <= MAX_CHOICES, f"1 to {MAX_CHOICES} strings")
-            check(kind, all(isinstance(c, str) and c for c in choices), "must be non-empty strings")
-        else:
-            check(kind, self.text != "", "must not be empty")
-
-    @classmethod
-    def of(cls, kind: str, text: str = "") -> Constraint:
-        """A constraint of the kind a string names (`"regex"`); ValueError names an unknown kind."""
-        return cls(kind, text)  # type: ignore[arg-type]  # __post_init__ checks the kind and converts it
-
-    @classmethod
-    def json_schema(cls, schema: str | Mapping[str, Any]) -> Constraint:
-        return cls(ConstraintKind.JSON_SCHEMA, schema if isinstance(schema, str) else json.dumps(schema))
-
-    @classmethod
-    def json_object(cls) -> Constraint:
-        return cls(ConstraintKind.JSON_OBJECT)
-
-    @classmethod
-    def regex(cls, pattern: str) -> Constraint:
-        return cls(ConstraintKind.REGEX, pattern)
-
-    @classmethod
-    def grammar(cls, ebnf: str) -> Constraint:
-        return cls(ConstraintKind.GRAMMAR, ebnf)
-
-    @classmethod
-    def choice(cls, choices: Sequence[str]) -> Constraint:
-        return cls(ConstraintKind.CHOICE, json.dumps(list(choices), ensure_ascii=False))
-
-    @property
-    def choices(self) -> list[str]:
-        return list(json.loads(self.text)) if self.kind is ConstraintKind.CHOICE else []
-
-
-def _json(kind: str, text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise InvalidInput(kind, f"not valid JSON: {e}") from None
-
-
-def choice_grammar(choices: Sequence[str]) -> str:
-    """EBNF for exactly one of `choices`. NOTE: JSON string escapes are also xgrammar's EBNF literal escapes."""
-    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
 # xgrammar's errors start with a timestamp and its C++ source position: `[16:32:14] /project/cpp/x.cc:83: `

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from infer.engine.structured import Constraint, GrammarCompiler
+from infer.engine.structured.compiler import GrammarCompiler
+from infer.engine.structured.constraint import Constraint
 
 if TYPE_CHECKING:
     import xgrammar as xgr

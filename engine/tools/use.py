@@ -1,6 +1,6 @@
 """Tool calling: tools into the prompt as the model's chat template expects, and the constraint that
 `tool_choice` required / a named function puts on the output. Parsing the calls out of the output is in
-`structured_tool_parsers.py`.
+`parsers.py`.
 
 The format is chosen once per model, from its chat template:
 - hermes (Qwen 2.5 and 3, Hermes): the template renders the tools itself; calls are
@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infer.engine.structured import Constraint
-from infer.engine.structured_tool_parsers import (
+from infer.engine.structured.constraint import Constraint
+from infer.engine.tools.parsers import (
     TOOL_CALL_OPEN,
     ListParser,
     NamedParser,

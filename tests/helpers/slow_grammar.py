@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from infer.engine import structured
 from infer.engine.structured import Constraint
+from infer.engine.structured import compiler as structured
 
 # ~1.5 s of CPU to compile on the tiny tokenizer: long enough to leave during, short enough for a unit test
 SLOW_GRAMMAR = Constraint.grammar("root ::= " + " ".join('("a" | "bc" | [0-9])' for _ in range(3000)))

@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 
 from infer.api import pb, pb_grpc
-from infer.engine import structured
+from infer.engine.structured import compiler as structured
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
 
 PHONE = r"\d{3}-\d{4}"

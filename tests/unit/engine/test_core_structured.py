@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from infer.engine import structured
 from infer.engine.llm import LLM
 from infer.engine.request import FinishReason, RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.structured import Constraint
+from infer.engine.structured import compiler as structured
 from tests.helpers.fake_engine import FakeRunner, fake_core
 from tests.helpers.slow_grammar import SLOW_GRAMMAR, record_compiles
 

@@ -10,8 +10,8 @@ from infer.engine.input_processor import InputLimits, InputProcessor, Prompt
 from infer.engine.llm import LLM
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.structured import Constraint
-from infer.engine.structured_tools import Tool, ToolChoice, ToolChoiceMode
 from infer.engine.tokenizer import Tokenizer
+from infer.engine.tools.use import Tool, ToolChoice, ToolChoiceMode
 from infer.engine.validation import InvalidInput
 from tests.helpers.fake_engine import fake_core, tiny_tokenizer
 

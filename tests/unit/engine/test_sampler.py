@@ -10,7 +10,7 @@ import torch
 
 from infer.engine.sampler import LOGPROB_FLOOR, Sampler, SamplerOutput, SamplingRow, argmax_rows
 from infer.engine.sampling_params import MIN_REPETITION_PENALTY, MIN_TEMPERATURE, SamplingParams
-from infer.engine.structured_state import TokenBitmask
+from infer.engine.structured.manager import TokenBitmask
 
 LOGITS = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]])
 

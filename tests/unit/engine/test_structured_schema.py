@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from infer.engine.structured import Constraint, GrammarCompiler
-from infer.engine.structured_schema import check_schema
+from infer.engine.structured.schema import check_schema
 from infer.engine.tokenizer import Tokenizer
 from tests.helpers.fake_engine import tiny_tokenizer
 

@@ -8,7 +8,7 @@ import torch
 from infer.engine.request import Request
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.structured import Constraint, GrammarCompiler
-from infer.engine.structured_state import StructuredOutputs, TokenBitmask, apply_bitmask
+from infer.engine.structured.manager import StructuredOutputs, TokenBitmask, apply_bitmask
 from infer.engine.tokenizer import Tokenizer
 from tests.helpers.fake_engine import tiny_tokenizer
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from infer.engine.structured_tool_parsers import (
+from infer.engine.tools.parsers import (
     ListParser,
     NamedParser,
     Parsed,
@@ -15,7 +15,7 @@ from infer.engine.structured_tool_parsers import (
     ToolCallParser,
     WholeOutputParser,
 )
-from infer.engine.structured_tools import Tool, ToolChoice, ToolChoiceMode, ToolFormat, tool_call_parser
+from infer.engine.tools.use import Tool, ToolChoice, ToolChoiceMode, ToolFormat, tool_call_parser
 
 
 def run(parser: ToolCallParser, pieces: list[str]) -> tuple[str, list[ToolCallDelta]]:

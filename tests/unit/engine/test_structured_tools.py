@@ -10,7 +10,8 @@ import jsonschema
 import pytest
 
 from infer.engine.structured import Constraint, GrammarCompiler
-from infer.engine.structured_tools import (
+from infer.engine.tokenizer import Tokenizer
+from infer.engine.tools.use import (
     MAX_TOOLS,
     Tool,
     ToolChoice,
@@ -21,7 +22,6 @@ from infer.engine.structured_tools import (
     tool_constraint,
     tool_format,
 )
-from infer.engine.tokenizer import Tokenizer
 from tests.helpers.fake_engine import tiny_tokenizer
 
 WEATHER = Tool("get_weather", "The weather in a city", json.dumps(
@@ -158,7 +158,7 @@ def test_a_named_function_constrains_the_output_to_its_arguments(compiler: Gramm
 
 
 def test_tool_use_reads_the_model() -> None:
-    from infer.engine.structured_tools import ToolUse
+    from infer.engine.tools.use import ToolUse
     from tests.helpers.fake_engine import SPECIALS, train_byte_bpe
 
     backend = train_byte_bpe(330, [*SPECIALS, "<tool_call>", "</tool_call>"])

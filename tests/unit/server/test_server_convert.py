@@ -221,7 +221,7 @@ def test_tool_calls_and_results_in_the_history_reach_the_template() -> None:
 
 
 def test_a_parsed_output_streams_content_and_calls_then_ends_with_tool_calls() -> None:
-    from infer.engine.structured_tool_parsers import TaggedParser
+    from infer.engine.tools.parsers import TaggedParser
 
     parser = TaggedParser()
     pieces = ["Sure.\n<tool_", 'call>{"name": "f", "arguments": {}}</tool_call>']
