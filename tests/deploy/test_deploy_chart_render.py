@@ -120,8 +120,9 @@ def test_routes_reach_named_ports(rendered: dict[str, list[Manifest]], case: str
         assert chosen and {e["port"] for e in monitor["spec"]["endpoints"]} <= port_names
     for pool in of_kind(manifests, "InferencePool"):
         server = server_container(manifests)
-        http = next(p["containerPort"] for p in server["ports"] if p["name"] == "http")
-        assert [p["number"] for p in pool["spec"]["targetPorts"]] == [http]
+        port_name = chart_values(case)["inferencePool"]["protocol"]  # http, or grpc
+        target = next(p["containerPort"] for p in server["ports"] if p["name"] == port_name)
+        assert [p["number"] for p in pool["spec"]["targetPorts"]] == [target]
     assert {m["kind"] for m in manifests} - CRD_KINDS <= {
         "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Ingress", "ServiceAccount", "Pod",
     }  # fmt: skip

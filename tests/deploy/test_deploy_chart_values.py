@@ -35,6 +35,12 @@ CHART_SETTINGS = {
     "health_port": "ports.health, with tls.secretName (the probes' plaintext port)",
     "max_connection_age_s": "maxConnectionAgeS",
     "max_connection_age_grace_s": "maxConnectionAgeGraceS",
+    "kernels": "kernels (INFER_KERNELS)",
+    "http_metrics": "metrics.onHttpPort, on with an InferencePool over the HTTP port",
+    "kv_events": "kvEvents.enabled",
+    "kv_events_endpoint": "ports.kvEvents (tcp://*:PORT)",
+    "kv_events_replay_endpoint": "ports.kvEventsReplay (tcp://*:PORT)",
+    "kv_events_pod_id": "the pod's IP and the pool's target port (the downward API)",
 }
 
 # the model name clients send, for the cases that do not serve the default model

@@ -67,6 +67,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $seen := dict }}
 {{- $names := list "grpc" "http" "metrics" }}
 {{- if include "infer.tlsOn" . }}{{ $names = append $names "health" }}{{ end }}
+{{- if .Values.kvEvents.enabled }}{{ $names = concat $names (list "kvEvents" "kvEventsReplay") }}{{ end }}
 {{- range $name := $names }}
 {{- $port := toString (index $.Values.ports $name) }}
 {{- if hasKey $seen $port }}
@@ -153,6 +154,11 @@ rollingUpdate:
   value: {{ if include "infer.isSeparateGateway" . }}"off"{{ else }}{{ include "infer.envValue" .Values.ports.http }}{{ end }}
 - name: INFER_METRICS_PORT
   value: {{ if .Values.metrics.enabled }}{{ include "infer.envValue" .Values.ports.metrics }}{{ else }}"off"{{ end }}
+{{- if include "infer.httpMetrics" . }}
+- name: INFER_HTTP_METRICS
+  value: "true"
+{{- end }}
+{{- include "infer.kvEventsEnv" . }}
 - name: INFER_SHUTDOWN_GRACE_S
   value: {{ include "infer.envValue" .Values.shutdownGraceS }}
 {{- if not (kindIs "invalid" .Values.maxConnectionAgeS) }}
@@ -332,5 +338,47 @@ rollingUpdate:
 - name: INFER_UPSTREAM_TLS_SERVER_NAME
   value: {{ . | quote }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* An endpoint picker: the port its pool targets, the labels it reads, where it scrapes and subscribes. */}}
+{{- define "infer.poolTargetPort" -}}
+{{- ternary .Values.ports.grpc .Values.ports.http (eq .Values.inferencePool.protocol "grpc") }}
+{{- end }}
+
+{{/* The pod labels of the model servers: the picker's, then podLabels (which win on a shared key). */}}
+{{- define "infer.podLabels" -}}
+{{- $labels := dict }}
+{{- with .Values.picker.engineType }}{{ $_ := set $labels "llm-d.ai/engine-type" . }}{{ end }}
+{{- with .Values.picker.role }}{{ $_ := set $labels "llm-d.ai/role" . }}{{ end }}
+{{- with merge (deepCopy (.Values.podLabels | default dict)) $labels }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* /metrics on the HTTP port too: asked for, or where a pool's picker scrapes by default (its target port). */}}
+{{- define "infer.httpMetrics" -}}
+{{- $pool := and .Values.inferencePool.enabled (eq .Values.inferencePool.protocol "http") }}
+{{- if and (not (include "infer.isSeparateGateway" .)) (or .Values.metrics.onHttpPort $pool) }}true{{ end }}
+{{- end }}
+
+{{- define "infer.kvEventsEnv" -}}
+{{- if .Values.kvEvents.enabled }}
+{{- if eq (toString .Values.config.enable_prefix_caching) "false" }}
+{{- fail "kvEvents.enabled needs config.enable_prefix_caching: the events tell which prefix-cache blocks a pod holds" }}
+{{- end }}
+- name: INFER_KV_EVENTS
+  value: "true"
+- name: INFER_KV_EVENTS_ENDPOINT
+  value: {{ printf "tcp://*:%d" (int .Values.ports.kvEvents) | quote }}
+- name: INFER_KV_EVENTS_REPLAY_ENDPOINT
+  value: {{ printf "tcp://*:%d" (int .Values.ports.kvEventsReplay) | quote }}
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+# NOTE: the topic's pod id (kv@<pod-id>@<model>) as the picker names an endpoint: its address and target port
+- name: INFER_KV_EVENTS_POD_ID
+  value: {{ printf "$(POD_IP):%s" (include "infer.poolTargetPort" .) | quote }}
 {{- end }}
 {{- end }}
