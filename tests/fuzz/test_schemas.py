@@ -158,7 +158,7 @@ def _http_output(
 DOORS = ["grpc", "response_format", "guided_json", "json_object", "tool"]
 
 
-@examples(ci=12, fuzz=600)
+@examples(ci=10, fuzz=600)
 @given(schema=object_schemas(), door=st.sampled_from(DOORS), prompt=PROMPTS, temperature=TEMPERATURES,
        required=st.booleans(), seed=st.integers(0, 2**31))  # fmt: skip
 def test_every_output_under_a_schema_parses_and_validates(
