@@ -145,17 +145,7 @@ def load() -> bool:
     return True
 
 
-_COMPILED_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def supports_attention(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether the compiled attention takes these tensors (CPU, fp32 or bf16 caches, rows contiguous)."""
-    return (
-        k_cache.device.type == "cpu"
-        and k_cache.dtype in _COMPILED_DTYPES
-        and query.dtype == k_cache.dtype
-        and query.stride(-1) == 1
-    )
+COMPILED_DTYPES = (torch.float32, torch.bfloat16)  # what the compiled attention takes
 
 
 def paged_attention(
@@ -176,24 +166,8 @@ def paged_attention(
     return out
 
 
-def _plain_fp32(x: torch.Tensor) -> bool:
-    """fp32 on the CPU, rows contiguous, autograd off: what the compiled elementwise kernels take (no backward)."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(-1) == 1 and not torch.is_grad_enabled()
-
-
-def supports_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the compiled RMSNorm takes these tensors: fp32 on the CPU, [T, n] or [T, heads, n], rows
-    contiguous. Other dtypes (bf16 models) stay on the reference, which rounds as transformers does."""
-    return _plain_fp32(x) and x.dim() in (2, 3) and weight.dtype == torch.float32 and weight.dim() == 1
-
-
-def supports_fused_add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the compiled residual-add + RMSNorm takes these: [T, hidden] rows as `supports_norm` says."""
-    return x.dim() == 2 and supports_norm(x, weight) and supports_norm(residual, weight)
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The compiled twin of `norm.rms_norm_ref` for fp32 (see `supports_norm`)."""
+    """The compiled twin of `norm.rms_norm_ref` for fp32 [T, n] or [T, heads, n] rows (it checks them)."""
     out: torch.Tensor = torch.ops.infer_cpu.rms_norm(x, weight.contiguous(), eps)
     return out
 
@@ -206,21 +180,10 @@ def fused_add_rms_norm(
     return normed, summed
 
 
-def supports_rotary(x: torch.Tensor, cache: torch.Tensor, out: torch.Tensor | None) -> bool:
-    """Whether the compiled RoPE takes these tensors: fp32 [T, heads, head_dim] on the CPU, rows contiguous
-    (an `out` too), no autograd."""
-    return (
-        _plain_fp32(x)
-        and x.dim() == 3
-        and cache.dtype == torch.float32
-        and (out is None or (out.dtype == torch.float32 and out.shape == x.shape and out.stride(-1) == 1))
-    )
-
-
 def rotary(
     x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The compiled twin of `rotary.apply_rotary_ref` for fp32 (see `supports_rotary`); `out` may be `x`."""
+    """The compiled twin of `rotary.apply_rotary_ref` for fp32 [T, heads, head_dim]; `out` may be `x`."""
     rotated: torch.Tensor = torch.ops.infer_cpu.rotary(x, positions, cache, out)
     return rotated
 

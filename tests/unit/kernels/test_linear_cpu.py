@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infer.kernels import Kernels, select_kernels
+from infer.kernels import select_kernels
+from infer.kernels.compiled import CompiledCpuKernels
 from tests.helpers.compiled import require_compiled_kernels
 
 SHAPES = [(96, 64), (101, 37), (3, 5), (576, 1536), (49, 576), (20, 70)]  # (N, K): odd, tails of 16 and 32
@@ -75,9 +76,8 @@ def test_linear_equals_f_linear_for_any_rows_and_backend(name: str, shape: tuple
     torch.testing.assert_close(out, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
 
 
-def test_linear_takes_the_kernel_for_fp32_and_bf16_at_any_rows(
-    compiled: Kernels, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_linear_takes_the_kernel_in_fp32_and_bf16_models_at_any_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    # chosen once per backend by the model's dtype: an fp16 model's float weights run torch's
     calls: list[tuple[tuple[int, ...], torch.dtype]] = []
     kernel = torch.ops.infer_cpu.dense_linear
 
@@ -88,10 +88,9 @@ def test_linear_takes_the_kernel_for_fp32_and_bf16_at_any_rows(
     monkeypatch.setattr(torch.ops.infer_cpu, "dense_linear", counting)
     w = torch.randn(16, 32)
     with torch.inference_mode():
-        compiled.linear(torch.randn(1, 32), w)
-        compiled.linear(torch.randn(65, 32), w)
-        compiled.linear(torch.randn(3, 32).bfloat16(), w.bfloat16())
-        compiled.linear(torch.randn(1, 32).half(), w.half())  # fp16: torch's
-    w.requires_grad_(True)
-    compiled.linear(torch.randn(1, 32), w)  # autograd needs a backward the kernel does not have
+        fp32 = CompiledCpuKernels(torch.device("cpu"), torch.float32)
+        fp32.linear(torch.randn(1, 32), w)
+        fp32.linear(torch.randn(65, 32), w)
+        CompiledCpuKernels(torch.device("cpu"), torch.bfloat16).linear(torch.randn(3, 32).bfloat16(), w.bfloat16())
+        CompiledCpuKernels(torch.device("cpu"), torch.float16).linear(torch.randn(1, 32).half(), w.half())
     assert calls == [((1, 32), torch.float32), ((65, 32), torch.float32), ((3, 32), torch.bfloat16)]

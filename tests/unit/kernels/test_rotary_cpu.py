@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from infer.kernels import Kernels, cpu
+from infer.kernels.compiled import CompiledCpuKernels
 from infer.kernels.rotary import RopeConfig, RotaryAngles, apply_rotary_ref, cos_sin_cache
 from tests.helpers.compiled import require_compiled_kernels
 
@@ -56,7 +57,7 @@ def test_it_refuses_what_it_cannot_take() -> None:
         torch.ops.infer_cpu.rotary(_qkv_heads(2, 2, 32), torch.tensor([0, 1]), cache, None)
 
 
-def test_apply_rotary_takes_the_compiled_kernel_for_fp32_only(
+def test_apply_rotary_takes_the_compiled_kernel_in_fp32_models_only(
     monkeypatch: pytest.MonkeyPatch, compiled: Kernels
 ) -> None:
     calls: list[torch.Tensor] = []
@@ -71,6 +72,6 @@ def test_apply_rotary_takes_the_compiled_kernel_for_fp32_only(
         assert len(calls) == 1
         out = torch.empty(2, 2, 64)
         assert compiled.apply_rotary(x, angles, out) is out and len(calls) == 2
-        bf16 = x.bfloat16()
-        assert torch.equal(compiled.apply_rotary(bf16, angles), apply_rotary_ref(bf16, positions, cache))
-        assert len(calls) == 2  # bf16: the reference
+        bf16, bf16_model = x.bfloat16(), CompiledCpuKernels(torch.device("cpu"), torch.bfloat16)
+        assert torch.equal(bf16_model.apply_rotary(bf16, angles), apply_rotary_ref(bf16, positions, cache))
+        assert len(calls) == 2  # a bf16 model's backend, chosen once: the reference
