@@ -157,8 +157,7 @@ def test_server_env_is_a_valid_infer_serve_config(
     manifests, values = rendered[case], chart_values(case)
     variables = env(server_container(manifests))
     infer_names = {name for name in variables if name.startswith("INFER_")}
-    # NOTE: INFER_KERNELS is read by infer.kernels.backend, not by a flag
-    assert infer_names <= _env_names("serve") | {"INFER_KERNELS"}
+    assert infer_names <= _env_names("serve")  # INFER_KERNELS too: the --kernels setting's variable
     config = _server_config(variables, monkeypatch)
     separate = values["gateway"]["mode"] == "separate"
     assert (config.host, config.grpc_port) == ("0.0.0.0", values["ports"]["grpc"])
