@@ -27,13 +27,27 @@ import soak  # noqa: E402
 import soak_hostile  # noqa: E402
 
 
+def _windows(*rss_mib: list[float]) -> list[list[tuple[float, float]]]:
+    """Windows of 60 s, each with its samples 20 s apart."""
+    return [[(60 * i + 20 * j, x) for j, x in enumerate(samples)] for i, samples in enumerate(rss_mib)]
+
+
 def test_rss_that_settles_after_each_phases_warm_up_is_flat_and_rss_that_climbs_is_not() -> None:
     phases = ["normal"] * 4 + ["hostile"] * 4
-    is_flat, text = soak.rss_verdict([900, 950, 955, 952, 960, 1040, 1045, 1042], phases, warmup_windows=2)
+    settling = _windows([900, 920, 940], [950, 952, 951], [955, 954, 956], [952, 955, 953],
+                        [960, 1000, 1030], [1040, 1041, 1045], [1045, 1043, 1044], [1042, 1046, 1044])  # fmt: skip
+    is_flat, text = soak.rss_verdict(settling, phases, warmup_windows=2)
     assert is_flat and "normal: 955 MiB after warm-up" in text and "hostile: 1045 MiB after warm-up" in text
-    is_flat, text = soak.rss_verdict([900, 950, 1000, 1100, 1200, 1300, 1400, 1500], phases, warmup_windows=2)
-    assert not is_flat and "GROWING" in text
-    assert soak.rss_verdict([900, 1000], ["normal"] * 2, warmup_windows=2)[0] is False  # no window after warm-up
+    assert "slope +" in text or "slope -" in text
+    climbing = [[(t, 900 + t * 100 / 60) for t in range(60 * i, 60 * i + 60, 20)] for i in range(8)]  # 100 MiB/min
+    is_flat, text = soak.rss_verdict(climbing, phases, warmup_windows=2)
+    assert not is_flat and "GROWING" in text and "slope +100.00 MiB/min" in text
+    assert soak.rss_verdict(_windows([900], [1000]), ["normal"] * 2, warmup_windows=2)[0] is False  # none after
+
+
+def test_the_slope_is_least_squares_in_mib_a_minute() -> None:
+    assert soak.slope_mib_per_min([(0, 100), (60, 110), (120, 120)]) == pytest.approx(10)
+    assert soak.slope_mib_per_min([(0, 100), (30, 100)]) == 0
 
 
 @pytest.fixture(scope="module")
