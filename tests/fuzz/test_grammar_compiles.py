@@ -177,7 +177,7 @@ def compiled_here(monkeypatch: pytest.MonkeyPatch) -> Compiled:
     return Compiled(monkeypatch)
 
 
-@examples(ci=6, fuzz=150)
+@examples(ci=4, fuzz=150)
 @given(jobs=JOBS)
 def test_compiles_stay_bounded_whoever_leaves(
     server: ServerThread, stub: pb_grpc.InferenceServiceStub, gateway: RunningGateway,
