@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from infer.engine.config import EngineConfig
+from infer.engine.config import EngineConfig, Quantization
 from infer.engine.gguf.config import GGUFConfigError, gguf_model_config
 from infer.engine.gguf.source import GGUFSource, GGUFSourceError, find_gguf, open_gguf
 from infer.engine.gguf.weights import GGUFWeightError, fill_model
@@ -146,7 +146,8 @@ def _empty_model(cfg: ModelConfig, config: EngineConfig, kernels: str | None) ->
 
 def _placed(model: CausalLM, config: EngineConfig, quantization: str) -> CausalLM:
     """A filled model on its device and dtype, quantized, its layers handed to the fused stack."""
-    return model.to_device(torch.device(config.device), config.torch_dtype).eval().quantize(quantization).fuse()
+    placed = model.to_device(torch.device(config.device), config.torch_dtype).eval()
+    return placed.quantize(Quantization.of(quantization)).fuse()
 
 
 def _find_gguf(path: Path) -> Path | None:

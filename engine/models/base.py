@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from infer.engine.config import Quantization
 from infer.engine.model_config import ModelConfig
 from infer.engine.models.layers import Linear, RMSNorm, empty_param
 from infer.kernels import (
@@ -28,10 +29,6 @@ from infer.kernels import (
     RotaryAngles,
     cos_sin_cache,
 )
-
-# NOTE: the LM head of an int4 model stays int8, as llama.cpp's Q4_1 files keep theirs Q8_0: on SmolLM2-135M an
-# int4 head alone cost +5.0% perplexity on the fixed text, an int8 one -0.05% (docs/benchmarks/precision.md)
-LM_HEAD_QUANTIZATION = {"int4": "int8"}
 
 
 @dataclass(frozen=True)
@@ -175,14 +172,15 @@ class CausalLM(nn.Module):
         self.rope_caches = [c.to(device) for c in self.rope_caches]
         return self
 
-    def quantize(self, method: str) -> CausalLM:
-        """Weight-only `method` (int8, int4) for every linear layer: the projections and the LM head (a tied one
-        gets its own packed copy; int4 models keep an int8 head); norms and the embedding table keep the model
-        dtype. `none` changes nothing."""
-        if method != "none":
-            for module in self.modules():
-                if isinstance(module, Linear):
-                    module.quantize(LM_HEAD_QUANTIZATION.get(method, method) if module is self.lm_head else method)
+    def quantize(self, quantization: Quantization) -> CausalLM:
+        """Weight-only quantization of every linear layer: the projections and the LM head each by the method
+        `quantization` names for them (a tied head gets its own packed copy); norms and the embedding table keep
+        the model dtype. `none` leaves a layer as it is."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                method = quantization.lm_head if module is self.lm_head else quantization.layers
+                if method != "none":
+                    module.quantize(method)
         return self
 
     def fuse(self) -> CausalLM:
