@@ -15,7 +15,8 @@ def empty_param(*shape: int) -> nn.Parameter:
 
 class Linear(nn.Module):
     """`x @ weight.T + bias` on the model's kernels. It owns its weight: a float parameter the loader fills
-    (or shares, for a tied LM head), which `quantize` replaces by the backend's packed form (int8)."""
+    (or shares, for a tied LM head), which `quantize` replaces by the backend's packed form (int8, int4); a
+    GGUF file's int4, int5 or int8g blocks are placed packed at load."""
 
     weight: LinearWeight
 
@@ -33,7 +34,7 @@ class Linear(nn.Module):
         self.bias = empty_param(out_features) if bias else None
 
     def quantize(self, method: str) -> None:
-        """Pack the float weight as `method` (int8); a shared weight stays as it is for its other owner."""
+        """Pack the float weight as `method` (int8, int4); a shared weight stays as it is for its other owner."""
         if not isinstance(self.weight, torch.Tensor):
             raise ValueError(f"this layer's weight is packed already ({type(self.weight).__name__})")
         self.use_packed(self.kernels.quantize(self.weight, method))
