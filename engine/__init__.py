@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from infer.engine.interface import EngineClient, ModelInfo
     from infer.engine.llm import LLM
     from infer.engine.loader import ModelLoadError
+    from infer.engine.output_processor import CallerOutputs
     from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
     from infer.engine.sampling_params import SamplingParams
     from infer.engine.stats import EngineStats
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "AsyncEngine": "async_engine",
+    "CallerOutputs": "output_processor",
     "Constraint": "structured",
     "DTYPES": "config",
     "EngineClient": "interface",
@@ -67,6 +69,7 @@ __all__ = [
     "LLM",
     "QUANTIZATIONS",
     "AsyncEngine",
+    "CallerOutputs",
     "Constraint",
     "EngineClient",
     "EngineConfig",

@@ -94,8 +94,7 @@ class AsyncEngine:
         return self.core.predict_ttft_s(num_prompt_tokens)
 
     async def compile_constraint(self, constraint: Constraint) -> None:
-        compiler = self.core.structured.compiler
-        future = compiler.submit(constraint)
+        future = self.core.compile_constraint(constraint)
         waiting = asyncio.wrap_future(future)
         waiting.add_done_callback(_read_outcome)  # NOTE: a caller that left never reads it
         try:
@@ -103,7 +102,7 @@ class AsyncEngine:
             # and the compile is dropped if no one else waits for it
             await asyncio.shield(waiting)
         finally:
-            compiler.release(future)
+            self.core.release_constraint(future)
 
     def stats(self) -> EngineStats:
         return self.core.stats()

@@ -1,9 +1,11 @@
-"""EngineCore: the step loop. Schedule, run one forward pass, sample, then stream deltas.
+"""EngineCore: the step loop. Schedule, run one forward pass, sample (and verify drafts), then postprocess.
 
-Requests and aborts arrive through a thread-safe inbox and are taken in at the
-start of a step. The scheduler's table holds every request; outputs leave
-through each request's sink. After each step the core publishes a snapshot
-(`EngineStats`) that other threads read instead of the scheduler's state.
+Each of those is one owner's call: the `Scheduler` (the request table), the `Runner` (the forward pass), the
+`Verifier` (sampler.py: the sampler over every row, the grammar bitmask, draft acceptance), the
+`OutputProcessor` (grammar accept, detokenizing, stops, the deltas). The core holds the glue: requests and
+aborts arrive through a thread-safe inbox and are taken in at the start of a step, outputs leave through
+each request's sink, and after each step it publishes a snapshot (`EngineStats`) that other threads read
+instead of the scheduler's state.
 """
 
 from __future__ import annotations
@@ -11,26 +13,26 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
-from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.inbox import Inbox, QueueFullError
 from infer.engine.input_processor import InputProcessor, ProcessedInput, Prompt
 from infer.engine.interface import ModelInfo
-from infer.engine.request import FinishReason, LiveRequest, RequestOutput, Sink, TokenLogprob
+from infer.engine.output_processor import Delta, OutputProcessor, Tokens
+from infer.engine.request import FinishReason, LiveRequest, Sink
 from infer.engine.runner import SeqWork
-from infer.engine.sampler import Sampler, SamplerOutput, SamplingRow
+from infer.engine.sampler import Sampled, Sampler, Verifier
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
-from infer.engine.speculative import NgramDraft, SpecState, Speculator, accept_drafts
+from infer.engine.speculative import NgramDraft, SpecState, Speculator
 from infer.engine.stats import EngineStats, StepCounters, StepRecord
-from infer.engine.stopping import banned_token_ids, finish_reason, is_stop_token
-from infer.engine.structured import GrammarCompiler
+from infer.engine.structured import Constraint, GrammarCompiler
 from infer.engine.structured.manager import StructuredOutputs
 from infer.engine.threads import ThreadGovernor, set_fixed_threads
 from infer.engine.tokenizer import Tokenizer
@@ -85,6 +87,8 @@ class EngineCore:
         compiler = GrammarCompiler(tokenizer, model_info.vocab_size, model_info.eos_token_ids,
                                    config.grammar_compile_budget_s, config.max_pending_grammars)  # fmt: skip
         self.structured = StructuredOutputs(compiler, config.max_num_seqs, self.inbox.wake)
+        self.verifier = Verifier(self.sampler, self.structured, self.eos_token_ids)
+        self.output = OutputProcessor(tokenizer, self.eos_token_ids, config.max_model_len)
         self.speculator = Speculator(
             NgramDraft(), config.speculative_tokens, config.speculative_max_num_seqs, config.max_model_len
         )
@@ -108,7 +112,7 @@ class EngineCore:
         """Enqueue a request the input processor checked (nothing is checked again); QueueFullError when the
         queue is full."""
         ids, params = processed.prompt_token_ids, processed.params
-        detokenizer = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens, params.stop)
+        detokenizer = self.output.detokenizer(ids, params)
         request = LiveRequest(request_id, list(ids), params, time.monotonic(), sink=sink, detokenizer=detokenizer)
         if params.constraint is not None:
             request.grammar = self.structured.grammar(params.constraint)  # compiles off this thread from now
@@ -117,6 +121,15 @@ class EngineCore:
         except BaseException:
             self.structured.release(request)
             raise
+
+    def compile_constraint(self, constraint: Constraint) -> Future[Any]:
+        """Compile (thread-safe, cached, off the step thread); `release_constraint` the future when no longer
+        waiting for it. QueueFullError when the compile queue is full."""
+        return self.structured.compiler.submit(constraint)
+
+    def release_constraint(self, future: Future[Any]) -> None:
+        """The caller of `compile_constraint` no longer waits: a compile no one waits for is dropped."""
+        self.structured.compiler.release(future)
 
     def abort(self, request_id: str) -> None:
         """End the request at the next step (finish_reason abort); an id not in flight is ignored."""
@@ -172,8 +185,8 @@ class EngineCore:
             if self.threads is not None:
                 self.threads.tick()
             self._run(out)
-        elif not has_compiled:
-            self.structured.wait(0.01)  # a grammar compiling: not a busy loop (the offline API steps in one)
+        elif not has_compiled:  # a grammar compiling: not a busy loop (the offline API steps in one)
+            self.structured.wait(self._compiling(), 0.01)
         self._publish()
         return not out.is_empty or has_compiled
 
@@ -191,8 +204,6 @@ class EngineCore:
             max_drafts = self.speculator.max_drafts(request)
             request.spec = SpecState(max_drafts, max_drafts) if max_drafts > 0 else None
             self.scheduler.add(request)  # a constrained one is scheduled once its grammar has compiled
-            if not request.is_ready:
-                self.structured.compiling(request)
         for request_id in aborts:  # after the new requests: an abort may name one of them
             aborted = self.scheduler.requests.get(request_id)
             if aborted is not None:
@@ -201,10 +212,14 @@ class EngineCore:
     def _take_compiled(self) -> bool:
         """Requests whose grammar is done get their matcher (the scheduler may now admit them), or fail;
         True if there were any."""
-        ready, failed = self.structured.take_compiled()
+        ready, failed = self.structured.take_compiled(self._compiling())
         for request, error in failed:
             self.fail(request.request_id, error)
         return bool(ready or failed)
+
+    def _compiling(self) -> list[LiveRequest]:
+        """The requests whose grammar is compiling: the scheduler's waiting ones that are not ready."""
+        return [r for r in self.scheduler.waiting if not r.is_ready]
 
     def _generator(self, params: SamplingParams) -> torch.Generator | None:
         if params.seed is None or params.is_greedy:
@@ -245,17 +260,18 @@ class EngineCore:
         started_s = time.monotonic()
         step = self._step_work(out)
         logits = self._forward(step.work)
-        sampling = [rid for rid in step.sampling if rid in self.scheduler.requests]
-        sampled = self._sample(logits, sampling, out.draft_token_ids)
+        sampled = self._sample(logits, step.sampling, out.draft_token_ids)
         self.scheduler.update(out, {rid: [t for t, _ in tokens] for rid, tokens in sampled.items()})
-        elapsed_s = time.monotonic() - started_s
+        self._record(out, step, sampled, time.monotonic() - started_s)
+        for rid, tokens in sampled.items():
+            self._postprocess(self.scheduler.requests[rid], tokens)
+
+    def _record(self, out: SchedulerOutput, step: _StepWork, sampled: Sampled, elapsed_s: float) -> None:
         num_drafts = sum(len(out.draft_token_ids.get(rid, ())) for rid in sampled)
         num_tokens = sum(len(tokens) for tokens in sampled.values())
         num_accepted_drafts = num_tokens - len(sampled)  # one token a request is not a draft
         record = StepRecord(out.total_tokens, step.num_prompt_tokens, num_tokens, len(out.preempted), elapsed_s)
         self.counters.record(replace(record, num_draft_tokens=num_drafts, num_accepted_tokens=num_accepted_drafts))
-        for rid, tokens in sampled.items():
-            self._postprocess(self.scheduler.requests[rid], tokens)
 
     def _step_work(self, out: SchedulerOutput) -> _StepWork:
         work: list[tuple[str, SeqWork]] = []
@@ -290,95 +306,35 @@ class EngineCore:
                 rows.append(logits)
         return torch.cat(rows) if rows else None
 
-    def _sample(
-        self, logits: torch.Tensor | None, rids: list[str], drafts: dict[str, tuple[int, ...]]
-    ) -> dict[str, list[tuple[int, TokenLogprob | None]]]:
-        """Each request's new tokens: one, or its accepted drafts and one more (rows: 1 + its drafts each)."""
-        if logits is None or not rids:
+    def _sample(self, logits: torch.Tensor | None, rids: list[str], drafts: dict[str, tuple[int, ...]]) -> Sampled:
+        """Each request's new tokens (the verifier's); a request whose rows fail to sample fails alone."""
+        requests = [self.scheduler.requests[rid] for rid in rids if rid in self.scheduler.requests]
+        if logits is None or not requests:
             return {}
-        requests = [self.scheduler.requests[rid] for rid in rids]
-        spans = [(r, drafts.get(r.request_id, ())) for r in requests]
-        # a seeded request with drafts: its generator is rewound to the draws of the tokens it keeps
-        states = {r.request_id: r.generator.get_state() for r, d in spans if d and r.generator is not None}
+        sampled, failed = self.verifier(logits, requests, drafts)
+        for rid, error in failed:
+            self.fail(rid, error)
+        return sampled
+
+    def _postprocess(self, r: LiveRequest, tokens: Tokens) -> None:
+        """Stream the step's delta of one request, or end it (the output processor decides)."""
         try:
-            out = self._sample_rows(logits, spans)
-            return accept_drafts(spans, out, states, logits.shape[-1])
-        except Exception:
-            logger.exception("sampling failed; retrying its requests one by one")
-        result: dict[str, list[tuple[int, TokenLogprob | None]]] = {}
-        first = 0
-        for r, d in spans:
-            rows = logits[first : first + 1 + len(d)]
-            first += 1 + len(d)
-            try:
-                if r.request_id in states and r.generator is not None:
-                    r.generator.set_state(states[r.request_id])
-                result |= accept_drafts([(r, d)], self._sample_rows(rows, [(r, d)]), states, logits.shape[-1])
-            except Exception as e:
-                self.fail(r.request_id, e)
-        return result
-
-    def _sample_rows(self, logits: torch.Tensor, spans: list[tuple[LiveRequest, tuple[int, ...]]]) -> SamplerOutput:
-        """Sample every row: position j of a request with drafts sees its first j drafts as output."""
-        rows = [self._sampling_row(r, d[:j]) for r, d in spans for j in range(len(d) + 1)]
-        mask = self.structured.bitmask([r for r, d in spans for _ in range(len(d) + 1)])
-        return self.sampler(logits[: len(rows)], rows, mask)
-
-    def _sampling_row(self, r: LiveRequest, drafts: Sequence[int] = ()) -> SamplingRow:
-        banned = banned_token_ids(r, self.eos_token_ids, r.num_output_tokens + len(drafts))
-        output = r.output_token_ids + list(drafts) if drafts else r.output_token_ids
-        return SamplingRow(r.params, r.prompt_token_ids, output, r.generator, banned)
-
-    def _postprocess(self, r: LiveRequest, tokens: list[tuple[int, TokenLogprob | None]]) -> None:
-        try:
-            self._emit_tokens(r, tokens)
+            delta = self.output.process(r, tokens)
+            if delta.finish_reason is None:
+                r.sink(self.output.delta(r, delta))
+            else:
+                self._finish(r, delta.finish_reason, delta)
         except Exception as e:
             self.fail(r.request_id, e)
 
-    def _emit_tokens(self, r: LiveRequest, tokens: list[tuple[int, TokenLogprob | None]]) -> None:
-        """Stream a step's tokens as one delta; the first that ends the request ends it, and the rest are dropped."""
-        if r.first_token_s is None:
-            r.first_token_s = time.monotonic()
-        num_before = r.num_output_tokens - len(tokens)  # the scheduler has appended them
-        ids: list[int] = []
-        logprobs: list[TokenLogprob] = []
-        text = ""
-        for i, (token_id, logprob) in enumerate(tokens):
-            if r.grammar is not None and not r.grammar.accept(token_id):
-                raise RuntimeError(f"token {token_id} is outside the request's {r.grammar.constraint.kind} constraint")
-            ids.append(token_id)
-            logprobs += [logprob] if logprob is not None else []
-            # a stop token adds no text
-            text += "" if is_stop_token(token_id, r.params, self.eos_token_ids) else r.detokenizer.push([token_id])
-            hit_stop_string = r.detokenizer.stopped_on is not None
-            reason = finish_reason(
-                r, token_id, hit_stop_string, self.eos_token_ids, self.config.max_model_len, num_before + i + 1
-            )
-            if reason is None and r.grammar is not None and r.grammar.is_terminated:
-                reason = FinishReason.STOP  # the constraint is complete
-            if reason is not None:
-                del r.output_token_ids[num_before + i + 1 :]  # NOTE: accepted drafts past a stop are not output
-                self._finish(r, reason, ids, text, logprobs or None)
-                return
-        r.sink(RequestOutput(r.request_id, ids, text, logprobs or None))
-
     def _finish(
-        self,
-        r: LiveRequest,
-        reason: FinishReason,
-        token_ids: Sequence[int] = (),
-        text: str = "",
-        logprobs: list[TokenLogprob] | None = None,
-        error: str | None = None,
+        self, r: LiveRequest, reason: FinishReason, delta: Delta | None = None, error: str | None = None
     ) -> None:
         self.scheduler.finish(r.request_id)  # out of the table, its blocks freed
-        self.structured.drop(r.request_id)  # if its grammar was still compiling
+        self.structured.release(r)  # if its grammar was still compiling
         self.inbox.release(r.request_id)  # its id may be used again
-        if reason in (FinishReason.LENGTH, FinishReason.STOP) and r.detokenizer.stopped_on is None:
-            text += r.detokenizer.flush()
         self.counters.num_cached_tokens_total += r.num_cached_tokens
-        timings = r.timings(time.monotonic())
-        r.sink(RequestOutput(r.request_id, list(token_ids), text, logprobs, reason, r.usage(), timings, error))
+        r.sink(self.output.final(r, reason, delta, error))
 
     def fail(self, request_id: str, error: BaseException) -> None:
         """End one request with finish_reason `error`; the others go on."""

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore, QueueFullError
 from infer.engine.input_processor import ProcessedInput, Prompt
-from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
+from infer.engine.output_processor import caller_outputs
+from infer.engine.request import FinishReason, RequestOutput, Sink, Timings, TokenLogprob, Usage
 from infer.engine.sampling_params import SamplingParams
+from infer.engine.tools import Tool, ToolCallDelta, ToolChoice
 
 
 @dataclass
@@ -24,10 +26,17 @@ class CompletionOutput:
     usage: Usage | None = None
     timings: Timings | None = None
     error: str | None = None
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)  # a chat with tools: the calls it made, whole
 
     def add(self, delta: RequestOutput) -> None:
         self.text += delta.text
         self.token_ids.extend(delta.token_ids)
+        for call in delta.tool_calls:  # a call's first delta names it; later ones add to its arguments
+            if call.id or not self.tool_calls or self.tool_calls[-1].index != call.index:
+                self.tool_calls.append(call)
+            else:
+                last = self.tool_calls[-1]
+                self.tool_calls[-1] = replace(last, arguments=last.arguments + call.arguments)
         if delta.logprobs is not None:
             self.logprobs = (self.logprobs or []) + delta.logprobs
         if delta.finished:
@@ -97,12 +106,19 @@ class LLM:
         while pending:
             request_id, out, p = pending[0]
             try:
-                self.core.submit(request_id, p, out.add)
+                self.core.submit(request_id, p, self._sink(p, out.add))
             except QueueFullError:
                 break
             added.append(request_id)
             pending.popleft()
         return added
+
+    def _sink(self, processed: ProcessedInput, sink: Sink) -> Sink:
+        """`sink`, given each delta as a caller reads it (logprob token text, tool calls; `CallerOutputs`)."""
+        outputs = caller_outputs(processed, self.tokenizer)
+        if outputs is None:
+            return sink
+        return lambda delta: sink(outputs(delta))
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Deltas of one request as the engine steps: the text streams as it is generated. Closing the
@@ -110,7 +126,7 @@ class LLM:
         processed = self.core.processor.process(_prompt(prompt), params or SamplingParams())
         deltas: deque[RequestOutput] = deque()
         request_id = self._new_id()
-        self.core.submit(request_id, processed, deltas.append)
+        self.core.submit(request_id, processed, self._sink(processed, deltas.append))
         finished = False
         try:
             while not finished:
@@ -124,11 +140,18 @@ class LLM:
                 self.core.abort_now([request_id])
 
     def chat(
-        self, messages: Sequence[Mapping[str, Any]], params: SamplingParams | None = None, **template_kwargs: Any
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams | None = None,
+        tools: Sequence[Tool] = (),
+        tool_choice: ToolChoice | None = None,
+        **template_kwargs: Any,
     ) -> CompletionOutput:
         """One chat completion: the messages rendered by the model's chat template (`template_kwargs`: more of
-        its variables, e.g. `enable_thinking`)."""
-        prompt = Prompt(messages=messages, template_kwargs=template_kwargs)
+        its variables, e.g. `enable_thinking`). With `tools`, the calls the model makes are in `tool_calls`
+        (and the finish reason is `tool_calls`), as the server returns them."""
+        choice = tool_choice or ToolChoice()
+        prompt = Prompt(messages=messages, tools=tools, tool_choice=choice, template_kwargs=template_kwargs)
         return self._run([self.core.processor.process(prompt, params or SamplingParams())])[0]
 
 

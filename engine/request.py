@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from infer.engine.speculative import SpecState
     from infer.engine.structured.manager import GrammarState
+    from infer.engine.tools.parsers import ToolCallDelta
 
 
 class RequestStatus(enum.Enum):
@@ -28,6 +29,7 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"  # max_tokens or max_model_len
     ABORT = "abort"  # cancelled by the caller
     ERROR = "error"  # this request failed; the engine goes on
+    TOOL_CALLS = "tool_calls"  # a STOP whose output held tool calls: set by `CallerOutputs`, never by the core
 
 
 @dataclass(eq=False)  # a request is itself, whatever its fields
@@ -44,6 +46,8 @@ class Request:
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     grammar: GrammarState | None = None  # set when params.constraint is: compiling, then its matcher
+    # speculation: all of it here (the scheduler reads the drafts; the verifier counts and adapts)
+    spec: SpecState | None = None  # its drafting, when it speculates (set when taken in)
     draft_token_ids: list[int] = field(default_factory=list)  # speculative tokens to verify next step
     num_draft_tokens: int = 0  # drafts verified so far
     num_accepted_tokens: int = 0  # of which accepted
@@ -107,7 +111,6 @@ class LiveRequest(Request):
     sink: Sink
     detokenizer: IncrementalDetokenizer
     generator: torch.Generator | None = None  # set on the stepping thread when the request is taken in
-    spec: SpecState | None = None  # its drafting, when it speculates (set when taken in)
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,9 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), best first
+    # the tokens' text (decoded alone, special tokens shown): filled by `CallerOutputs`, off the step thread
+    token: str | None = field(default=None, compare=False)
+    top_tokens: tuple[str, ...] = field(default=(), compare=False)  # one a `top` entry
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,7 @@ class RequestOutput:
     usage: Usage | None = None
     timings: Timings | None = None
     error: str | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # parsed out of the text by `CallerOutputs` (a chat with tools)
 
     @property
     def finished(self) -> bool:

@@ -1,4 +1,5 @@
-"""Batched sampling on the device: grammar masks, penalties, temperature, top-k, top-p, min-p, seeds, logprobs.
+"""Batched sampling on the device: grammar masks, penalties, temperature, top-k, top-p, min-p, seeds, logprobs;
+and the `Verifier`, which samples a step's requests (each with its drafts) and verifies the drafts.
 
 Greedy rows take the argmax (a step of only plain greedy rows takes nothing else: no copy of the
 logits, no per-row passes). Sampled rows draw with the exponential-race trick
@@ -8,15 +9,20 @@ from its own generator and gets the same tokens whatever else is in the batch.
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 import torch
 
-from infer.engine.request import TokenLogprob
+from infer.engine.request import LiveRequest, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.structured.manager import TokenBitmask, apply_bitmask
+from infer.engine.speculative import accept_drafts
+from infer.engine.stopping import banned_token_ids
+from infer.engine.structured.manager import StructuredOutputs, TokenBitmask, apply_bitmask
+
+logger = logging.getLogger(__name__)
 
 LOGPROB_FLOOR = -9999.0  # the logprob of a token that cannot be drawn (banned): finite, so JSON can carry it
 ARGMAX_CHUNK = 2048  # logits a chunk in `argmax_rows`
@@ -174,3 +180,57 @@ class Sampler:
         if all(r.params.logprobs is None for r in rows):
             return SamplerOutput(ids, [None] * len(rows))
         return SamplerOutput(ids, _logprobs(logits.log_softmax(dim=-1).clamp(min=LOGPROB_FLOOR), ids, rows))
+
+
+Sampled = dict[str, list[tuple[int, TokenLogprob | None]]]  # each request's new tokens (and logprobs)
+Span = tuple[LiveRequest, tuple[int, ...]]  # a request and its drafts: 1 + len(drafts) rows of logits
+
+
+class Verifier:
+    """Samples a step's rows and verifies its drafts: the sampler over every row (the constrained rows masked,
+    stop tokens banned until min_tokens), then each request's accepted drafts and the token after them."""
+
+    def __init__(self, sampler: Sampler, structured: StructuredOutputs, eos_token_ids: Set[int]) -> None:
+        self.sampler, self.structured, self.eos_token_ids = sampler, structured, eos_token_ids
+
+    def __call__(
+        self, logits: torch.Tensor, requests: Sequence[LiveRequest], drafts: dict[str, tuple[int, ...]]
+    ) -> tuple[Sampled, list[tuple[str, Exception]]]:
+        """Each request's new tokens: one, or its accepted drafts and one more (rows: 1 + its drafts each);
+        and the requests that failed (tried one by one after the batch failed)."""
+        spans = [(r, drafts.get(r.request_id, ())) for r in requests]
+        # a seeded request with drafts: its generator is rewound to the draws of the tokens it keeps
+        states = {r.request_id: r.generator.get_state() for r, d in spans if d and r.generator is not None}
+        try:
+            return accept_drafts(spans, self._sample(logits, spans), states, logits.shape[-1]), []
+        except Exception:
+            logger.exception("sampling failed; retrying its requests one by one")
+        return self._one_by_one(logits, spans, states)
+
+    def _one_by_one(
+        self, logits: torch.Tensor, spans: list[Span], states: dict[str, torch.Tensor]
+    ) -> tuple[Sampled, list[tuple[str, Exception]]]:
+        result: Sampled = {}
+        failed: list[tuple[str, Exception]] = []
+        first = 0
+        for r, d in spans:
+            rows = logits[first : first + 1 + len(d)]
+            first += 1 + len(d)
+            try:
+                if r.request_id in states and r.generator is not None:
+                    r.generator.set_state(states[r.request_id])
+                result |= accept_drafts([(r, d)], self._sample(rows, [(r, d)]), states, logits.shape[-1])
+            except Exception as e:
+                failed.append((r.request_id, e))
+        return result, failed
+
+    def _sample(self, logits: torch.Tensor, spans: list[Span]) -> SamplerOutput:
+        """Sample every row: position j of a request with drafts sees its first j drafts as output."""
+        rows = [self._row(r, d[:j]) for r, d in spans for j in range(len(d) + 1)]
+        mask = self.structured.bitmask([r for r, d in spans for _ in range(len(d) + 1)])
+        return self.sampler(logits[: len(rows)], rows, mask)
+
+    def _row(self, r: LiveRequest, drafts: Sequence[int] = ()) -> SamplingRow:
+        banned = banned_token_ids(r, self.eos_token_ids, r.num_output_tokens + len(drafts))
+        output = r.output_token_ids + list(drafts) if drafts else r.output_token_ids
+        return SamplingRow(r.params, r.prompt_token_ids, output, r.generator, banned)

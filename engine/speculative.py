@@ -15,6 +15,9 @@ distributed as p_j with d removed, renormalised: the rejection rule for a determ
 output distribution is the model's. A seeded request draws E_j from its own generator and rewinds it to the
 draws it used (`rewind_generator`): the same tokens as without speculation.
 
+`sampler.Verifier` samples a step and verifies its drafts with `accept_drafts` (the accepted drafts, the
+counts and the generator rewind).
+
 `Speculator` decides who drafts and how many: a request's cap (its `speculative_tokens`, else the engine's),
 none while more than `speculative_max_num_seqs` requests run, and per request a number that grows while
 drafts are accepted and shrinks when they are not; at low acceptance it pauses drafting, for longer each time.

@@ -16,16 +16,18 @@ from infer.engine import (
     Prompt,
     RequestOutput,
     SamplingParams,
-    Tokenizer,
     TokenLogprob,
     Tool,
-    ToolCallParser,
     ToolChoice,
     ToolChoiceMode,
 )
 from infer.server.limits import InputBounds
 
-_FINISH_REASONS = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH}
+_FINISH_REASONS = {
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.TOOL_CALLS: pb.FINISH_REASON_TOOL_CALLS,
+}
 _TOOL_CHOICE_MODES = {
     pb.TOOL_CHOICE_MODE_AUTO: ToolChoiceMode.AUTO,
     pb.TOOL_CHOICE_MODE_NONE: ToolChoiceMode.NONE,
@@ -178,30 +180,24 @@ def checked_input_size(request: pb.GenerateRequest | pb.TokenizeRequest, bounds:
     return size
 
 
-def _logprob(lp: TokenLogprob, tokenizer: Tokenizer) -> pb.TokenLogprob:
-    def text(token_id: int) -> str:
-        return tokenizer.decode([token_id], skip_special_tokens=False)
-
-    top = [pb.TopLogprob(token_id=t, logprob=v, token=text(t)) for t, v in lp.top]
-    return pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, token=text(lp.token_id), top=top)
+def _logprob(lp: TokenLogprob) -> pb.TokenLogprob:
+    texts = lp.top_tokens or ("",) * len(lp.top)  # the engine's `CallerOutputs` fills in the tokens' text
+    top = [pb.TopLogprob(token_id=t, logprob=v, token=text) for (t, v), text in zip(lp.top, texts, strict=True)]
+    return pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, token=lp.token or "", top=top)
 
 
-def generate_response(
-    out: RequestOutput, tokenizer: Tokenizer, parser: ToolCallParser | None = None, request_id: str | None = None
-) -> pb.GenerateResponse:
-    """One streamed message; the last also carries finish reason, usage and timings. With a tool-call parser,
-    the text is what is not a call, and the calls are in `tool_calls`. `request_id`: the client's (default: the
-    engine's id, which differs for a choice)."""
+def generate_response(out: RequestOutput, request_id: str | None = None) -> pb.GenerateResponse:
+    """One streamed message (as the engine's `CallerOutputs` made it: logprob tokens' text, tool calls); the last
+    also carries finish reason, usage and timings. `request_id`: the client's (default: the engine's id, which
+    differs for a choice)."""
     response = pb.GenerateResponse(request_id=out.request_id if request_id is None else request_id,
                                    token_ids=out.token_ids, text=out.text)  # fmt: skip
-    if parser is not None:
-        _parse_calls(response, out, parser)
+    for call in out.tool_calls:
+        response.tool_calls.add(index=call.index, id=call.id, name=call.name, arguments=call.arguments)
     if out.logprobs:
-        response.logprobs.extend(_logprob(lp, tokenizer) for lp in out.logprobs)
+        response.logprobs.extend(_logprob(lp) for lp in out.logprobs)
     if out.finish_reason in _FINISH_REASONS:
         response.finish_reason = _FINISH_REASONS[out.finish_reason]
-        if out.finish_reason is FinishReason.STOP and parser is not None and parser.has_calls:
-            response.finish_reason = pb.FINISH_REASON_TOOL_CALLS
     if out.usage is not None:
         u = out.usage
         response.usage.CopyFrom(pb.Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
@@ -213,15 +209,6 @@ def generate_response(
                                              num_accepted_tokens=t.num_accepted_tokens,
                                              acceptance_rate=t.acceptance_rate))  # fmt: skip
     return response
-
-
-def _parse_calls(response: pb.GenerateResponse, out: RequestOutput, parser: ToolCallParser) -> None:
-    parsed = [parser.feed(out.text)]
-    if out.finished:
-        parsed.append(parser.finish())
-    response.text = "".join(p.content for p in parsed)
-    for call in (c for p in parsed for c in p.calls):
-        response.tool_calls.add(index=call.index, id=call.id, name=call.name, arguments=call.arguments)
 
 
 def model_info(engine: EngineClient) -> pb.GetModelInfoResponse:

@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError, Message
 
 from infer.api import INVALID_FIELD_KEY, SERVICE, SERVICE_NAME, pb, pb_grpc
 from infer.engine import (
+    CallerOutputs,
     EngineClient,
     FinishReason,
     InvalidInput,
@@ -109,7 +110,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             )
             await _compiled(engine, processed)
             _admit_by_deadline(engine, len(processed.prompt_token_ids), context.time_remaining())
-            parser = processed.parser()
+            outputs = CallerOutputs.of(processed, engine.tokenizer)  # logprob tokens' text, tool calls
             async with engine.submit(processed, engine_id) as stream:  # leaving early aborts it
                 async for out in stream:
                     trace.on_output(out)
@@ -117,7 +118,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                         raise StatusError(grpc.StatusCode.INTERNAL, f"request {engine_id} failed: {out.error}")
                     if out.finish_reason is FinishReason.ABORT:
                         raise StatusError(grpc.StatusCode.CANCELLED, f"request {engine_id} was aborted")
-                    await context.write(convert.generate_response(out, engine.tokenizer, parser, request_id))
+                    await context.write(convert.generate_response(outputs(out), request_id))
 
     async def GetModelInfo(  # noqa: N802
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext

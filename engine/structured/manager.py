@@ -1,9 +1,9 @@
 """Constrained requests inside the engine: each one's grammar matcher, and one token bitmask per step.
 
 A request with a constraint waits in the scheduler's queue, skipped, until its grammar has compiled, so it
-never holds up the batch; then it gets a matcher that advances on each token it is given. The matcher
-only ever sees output tokens, so chunked prefill, prefix-cache hits and preemption (which recomputes the
-same tokens) leave it as it is.
+never holds up the batch (those waiting requests are the only record of what is compiling); then it gets a
+matcher that advances on each token it is given. The matcher only ever sees output tokens, so chunked
+prefill, prefix-cache hits and preemption (which recomputes the same tokens) leave it as it is.
 """
 
 from __future__ import annotations
@@ -71,46 +71,39 @@ def apply_bitmask(logits: torch.Tensor, mask: TokenBitmask) -> None:
 
 
 class StructuredOutputs:
-    """The engine core's structured-output manager: compiles off the step thread, follows the requests whose
-    grammar is compiling, and builds each step's bitmask for the constrained rows only."""
+    """The engine core's structured-output manager: compiles off the step thread, starts the matchers of the
+    requests whose grammar has compiled, and builds each step's bitmask for the constrained rows only.
+
+    It keeps no table of its own: the requests still compiling are the scheduler's waiting requests that are
+    not ready (`Request.is_ready`), and the core passes them in."""
 
     def __init__(self, compiler: GrammarCompiler, num_rows: int, on_compiled: Callable[[], None]) -> None:
         self.compiler, self.on_compiled = compiler, on_compiled
         self.num_rows = num_rows  # allocated at first; grown when a step samples more (drafts)
-        self.pending: dict[str, Request] = {}  # their grammar is compiling, in arrival order
         self._bits: torch.Tensor | None = None  # reused, grown to a step's rows: [num_rows, ceil(vocab / 32)]
         self._batch: xgr.BatchGrammarMatcher | None = None
 
     def grammar(self, constraint: Constraint) -> GrammarState:
         """Start compiling (thread-safe; QueueFullError when the compile queue is full); `on_compiled` runs when
-        it is done (the step loop wakes up). `release` it if its request never reaches the step thread."""
+        it is done (the step loop wakes up). `release` it if its request ends before its matcher starts."""
         future = self.compiler.submit(constraint)
         future.add_done_callback(lambda _: self.on_compiled())
         return GrammarState(constraint, future)
 
-    # the step thread
-    def compiling(self, request: Request) -> None:
-        self.pending[request.request_id] = request
-
-    def drop(self, request_id: str) -> None:
-        """The request ended: a compile only it waited for is dropped unless it has started."""
-        request = self.pending.pop(request_id, None)
-        if request is not None:
-            self.release(request)
-
     def release(self, request: Request) -> None:
-        if request.grammar is not None:
+        """The request ended: a compile only it waited for is dropped unless it has started."""
+        if request.grammar is not None and request.grammar.matcher is None:
             self.compiler.release(request.grammar.future)
 
-    def take_compiled(self) -> tuple[list[Request], list[tuple[Request, BaseException]]]:
-        """Pending requests whose grammar is done: those now ready (matcher started), and those that failed."""
+    # the step thread
+    def take_compiled(self, compiling: Sequence[Request]) -> tuple[list[Request], list[tuple[Request, BaseException]]]:
+        """Of the requests whose grammar was compiling, those now ready (matcher started), and those that failed."""
         ready: list[Request] = []
         failed: list[tuple[Request, BaseException]] = []
-        for request_id, request in list(self.pending.items()):
-            assert request.grammar is not None
+        for request in compiling:
+            assert request.grammar is not None and request.grammar.matcher is None
             if not request.grammar.is_compiled:
                 continue
-            del self.pending[request_id]
             try:
                 request.grammar.start()
             except Exception as e:
@@ -119,9 +112,9 @@ class StructuredOutputs:
             ready.append(request)
         return ready, failed
 
-    def wait(self, timeout_s: float) -> None:
-        """Block until a pending request's grammar is done, at most `timeout_s`."""
-        futures = [r.grammar.future for r in self.pending.values() if r.grammar is not None]
+    def wait(self, compiling: Sequence[Request], timeout_s: float) -> None:
+        """Block until one of these requests' grammar is done, at most `timeout_s`."""
+        futures = [r.grammar.future for r in compiling if r.grammar is not None]
         if futures:
             concurrent.futures.wait(futures, timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
 

@@ -37,8 +37,8 @@ class ResponseFormat(Strict):
         return self
 
 
-class StructuredOutputs(Strict):
-    """vLLM's `structured_outputs` (its newer form of the guided_* fields); one of these at most."""
+class StructuredOutputsField(Strict):
+    """The body field `structured_outputs`: vLLM's newer form of the guided_* fields; one of these at most."""
 
     json_: Annotated[JsonSchema | str | None, Field(alias="json")] = None
     regex: str | None = None
@@ -55,7 +55,7 @@ class Guided(Strict):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    structured_outputs: StructuredOutputs | None = None
+    structured_outputs: StructuredOutputsField | None = None
 
     def constraints(self) -> dict[str, tuple[str, Any]]:
         """{body field: (proto field, value)} of every constraint the body sets."""

@@ -39,7 +39,7 @@ CONSTRAINTS = {
 def fake(request: pytest.FixtureRequest) -> Iterator[tuple[LLM, FakeRunner]]:
     core, runner = fake_core(**getattr(request, "param", {}))
     yield LLM.from_core(core), runner
-    assert not core.has_work and not core.structured.pending
+    assert not core.has_work and not core.scheduler.waiting  # none left compiling
     core.block_manager.assert_no_leaks()
 
 

@@ -32,7 +32,6 @@ def request(manager: StructuredOutputs, rid: str, constraint: Constraint | None)
     if constraint is not None:
         r.grammar = manager.grammar(constraint)
         r.grammar.future.exception(timeout=60)  # compiled (or failed)
-        manager.compiling(r)
     return r
 
 
@@ -45,25 +44,24 @@ def allowed(mask: TokenBitmask, row: int, vocab_size: int) -> set[int]:
 def test_pending_requests_leave_ready_or_failed(manager: StructuredOutputs) -> None:
     good = request(manager, "good", Constraint.regex("ab"))
     bad = request(manager, "bad", Constraint.regex("(("))
-    ready, failed = manager.take_compiled()
+    ready, failed = manager.take_compiled([good, bad])  # the scheduler's waiting requests that are not ready
     assert ready == [good] and good.grammar is not None and good.grammar.matcher is not None
     assert [r for r, _ in failed] == [bad] and "regex: does not compile" in str(failed[0][1])
-    assert manager.pending == {}
+    assert good.is_ready and not bad.is_ready  # no table: the failed one ends (the core fails it)
 
 
 def test_a_request_waits_while_its_grammar_compiles(manager: StructuredOutputs) -> None:
     r = request(manager, "slow", Constraint.regex("x"))
     assert r.grammar is not None
     r.grammar.future = type(r.grammar.future)()  # a compile still under way
-    assert manager.take_compiled() == ([], [])
-    assert list(manager.pending) == ["slow"]
-    manager.drop("slow")
-    assert manager.pending == {}
+    assert manager.take_compiled([r]) == ([], [])
+    assert not r.is_ready
+    manager.release(r)  # it ended while compiling: its compile is dropped (a no-op for one done already)
 
 
 def test_the_matcher_follows_the_output_and_ends_with_the_grammar(manager: StructuredOutputs, tok: Tokenizer) -> None:
     r = request(manager, "r", Constraint.choice(["Paris", "London"]))
-    manager.take_compiled()
+    manager.take_compiled([r])
     grammar = r.grammar
     assert grammar is not None
     for token_id in tok.encode("Paris", add_special_tokens=False):
@@ -77,7 +75,7 @@ def test_the_bitmask_covers_the_constrained_rows_only(manager: StructuredOutputs
     free = request(manager, "free", None)
     digits = request(manager, "digits", Constraint.regex("[0-9]+"))
     word = request(manager, "word", Constraint.choice(["Hello"]))
-    manager.take_compiled()
+    manager.take_compiled([digits, word])
     assert manager.bitmask([free]) is None
     mask = manager.bitmask([digits, free, word])
     assert mask is not None and mask.rows == [0, 2]
@@ -96,7 +94,7 @@ def test_a_padded_model_vocabulary_never_samples_past_the_tokenizer(tok: Tokeniz
     compiler = GrammarCompiler(tok, tok.vocab_size + 40, [0])
     manager = StructuredOutputs(compiler, 4, lambda: None)
     r = request(manager, "r", Constraint.regex("[a-z]+"))
-    manager.take_compiled()
+    manager.take_compiled([r])
     mask = manager.bitmask([r])
     assert mask is not None
     logits = torch.zeros(1, tok.vocab_size + 40)
@@ -109,7 +107,7 @@ def test_the_bitmask_has_a_row_for_every_sampled_row_past_num_rows(tok: Tokenize
     manager = StructuredOutputs(GrammarCompiler(tok, tok.vocab_size, [0]), num_rows=4, on_compiled=lambda: None)
     free = request(manager, "free", None)
     digits = request(manager, "digits", Constraint.regex("[0-9]+"))
-    manager.take_compiled()
+    manager.take_compiled([digits])
     mask = manager.bitmask([free] * 15 + [digits])  # three requests with 4 drafts each, then a constrained one
     assert mask is not None and mask.rows == [15] and mask.bits.shape[0] == 16
     assert all(tok.decode([t]).isdigit() for t in allowed(mask, 15, tok.vocab_size))

@@ -129,19 +129,19 @@ def test_tools_and_choice_are_carried() -> None:
 
 
 def test_deltas_carry_tokens_and_only_the_last_carries_usage() -> None:
-    lp = TokenLogprob(token_id=104, logprob=-0.5, top=((104, -0.5), (105, -1.5)))
-    delta = convert.generate_response(RequestOutput("r", [104], "h", [lp]), TOKENIZER)
+    lp = TokenLogprob(token_id=104, logprob=-0.5, top=((104, -0.5), (105, -1.5)), token="h", top_tokens=("h", "i"))
+    delta = convert.generate_response(RequestOutput("r", [104], "h", [lp]))
     assert (list(delta.token_ids), delta.text, delta.finish_reason) == ([104], "h", pb.FINISH_REASON_UNSPECIFIED)
     assert not delta.HasField("usage") and not delta.HasField("timings")
     assert delta.logprobs[0].token == "h" and [t.token for t in delta.logprobs[0].top] == ["h", "i"]
     last = RequestOutput("r", [105], "i", None, FinishReason.LENGTH, Usage(3, 2, 0), Timings(0.1, 0.2, 0.3, 1))
-    final = convert.generate_response(last, TOKENIZER)
+    final = convert.generate_response(last)
     assert final.finish_reason == pb.FINISH_REASON_LENGTH and not final.logprobs
     assert (final.usage.prompt_tokens, final.usage.completion_tokens, final.usage.cached_tokens) == (3, 2, 0)
     assert final.timings.total_s == pytest.approx(0.3) and final.timings.num_preemptions == 1
     assert final.timings.num_draft_tokens == final.timings.num_accepted_tokens == 0  # no drafts
     spec = RequestOutput("r", [105], "i", None, FinishReason.STOP, Usage(3, 9, 0), Timings(0.1, 0.2, 0.3, 0, 12, 9))
-    t = convert.generate_response(spec, TOKENIZER).timings
+    t = convert.generate_response(spec).timings
     assert (t.num_draft_tokens, t.num_accepted_tokens, t.acceptance_rate) == (12, 9, pytest.approx(0.75))
 
 
@@ -220,20 +220,18 @@ def test_tool_calls_and_results_in_the_history_reach_the_template() -> None:
         convert._messages(bad)
 
 
-def test_a_parsed_output_streams_content_and_calls_then_ends_with_tool_calls() -> None:
-    from infer.engine.tools.parsers import TaggedParser
+def test_tool_calls_and_their_finish_reason_are_carried() -> None:
+    """The engine parses the calls (`CallerOutputs`, tests/unit/engine/test_output_processor.py); here they are
+    converted."""
+    from infer.engine.tools.parsers import ToolCallDelta
 
-    parser = TaggedParser()
-    pieces = ["Sure.\n<tool_", 'call>{"name": "f", "arguments": {}}</tool_call>']
-    first = convert.generate_response(RequestOutput("r", [1], pieces[0]), TOKENIZER, parser)
-    last = convert.generate_response(
-        RequestOutput("r", [2], pieces[1], None, FinishReason.STOP, Usage(3, 2, 0)), TOKENIZER, parser
-    )
-    assert (first.text, list(first.tool_calls)) == ("Sure.", [])
-    assert last.text == "" and [(c.index, c.name, c.arguments) for c in last.tool_calls] == [(0, "f", "{}")]
-    assert last.finish_reason == pb.FINISH_REASON_TOOL_CALLS
-    plain = convert.generate_response(RequestOutput("r", [2], "x", None, FinishReason.STOP), TOKENIZER, TaggedParser())
-    assert plain.text == "x" and plain.finish_reason == pb.FINISH_REASON_STOP
+    calls = (ToolCallDelta(0, "call_1", "f", "{}"),)
+    last = RequestOutput("r", [2], "", None, FinishReason.TOOL_CALLS, Usage(3, 2, 0), tool_calls=calls)
+    response = convert.generate_response(last)
+    assert response.text == "" and [(c.index, c.id, c.name, c.arguments) for c in response.tool_calls] == [
+        (0, "call_1", "f", "{}")
+    ]
+    assert response.finish_reason == pb.FINISH_REASON_TOOL_CALLS
 
 
 def test_a_choice_has_an_engine_id_no_request_id_can_be() -> None:
