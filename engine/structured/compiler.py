@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from infer.engine.grammar_budget import (
+from infer.engine.structured.constraint import JSON_OBJECT_SCHEMA, Constraint, ConstraintKind, choice_grammar
+from infer.engine.structured.grammar_budget import (
     CHEAP_COMPILE_CPU_S,
     CompileDroppedError,
     CompileRefused,
@@ -29,7 +30,6 @@ from infer.engine.grammar_budget import (
     refusal,
     trial_worker,
 )
-from infer.engine.structured.constraint import JSON_OBJECT_SCHEMA, Constraint, ConstraintKind, choice_grammar
 from infer.engine.structured.schema import json_schema_grammar
 from infer.engine.validation import InvalidInput, QueueFullError
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from infer.engine.grammar_budget import CompileDroppedError, trial_worker
 from infer.engine.structured import MAX_CHOICES, MAX_CONSTRAINT_CHARS, Constraint, ConstraintKind, GrammarCompiler
 from infer.engine.structured import compiler as structured
 from infer.engine.structured.compiler import compile_error, tokenizer_info, vocab_type_name
 from infer.engine.structured.constraint import choice_grammar
+from infer.engine.structured.grammar_budget import CompileDroppedError, trial_worker
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.validation import InvalidInput, QueueFullError
 from tests.helpers.fake_engine import tiny_tokenizer

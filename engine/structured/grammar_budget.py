@@ -183,8 +183,8 @@ class TrialWorker:
             self._ready = threading.Event()
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "infer.engine.grammar_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                env=env,
+                [sys.executable, "-m", "infer.engine.structured.grammar_worker"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, env=env,
             )  # fmt: skip
             reader = threading.Thread(target=self._read, args=(self._process, self._ready), name="infer-grammar-trials",
                                       daemon=True)  # fmt: skip

@@ -1,5 +1,5 @@
-"""The grammar trial worker: a process of its own (`python -m infer.engine.grammar_worker`) that compiles each
-constraint it is sent in a child forked for that one compile, and says how it went.
+"""The grammar trial worker: a process of its own (`python -m infer.engine.structured.grammar_worker`) that
+compiles each constraint it is sent in a child forked for that one compile, and says how it went.
 
 It imports xgrammar once (~2 s, ~270 MB); a trial is a fork (~40 ms) whose compile runs at normal priority for
 its first CHEAP_COMPILE_CPU_S of CPU time (most compiles take a few milliseconds), then at nice 19, and which
@@ -23,7 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from infer.engine.grammar_budget import CHEAP_COMPILE_CPU_S, Trial, lower_priority
+from infer.engine.structured.grammar_budget import CHEAP_COMPILE_CPU_S, Trial, lower_priority
 
 if TYPE_CHECKING:
     import xgrammar as xgr
