@@ -239,7 +239,6 @@ def test_drafts_never_preempt() -> None:
 
 
 def test_a_constrained_request_does_not_speculate_and_stays_valid() -> None:
-    pytest.importorskip("xgrammar")
     from infer.engine.structured import Constraint
 
     _, spec, _ = _engines("right")
@@ -259,7 +258,6 @@ def test_drafting_requests_and_a_constrained_one_sample_more_rows_than_max_num_s
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """max_num_seqs 4, 4 drafts each: three drafting requests and a constrained one sample 16 rows in a step."""
-    pytest.importorskip("xgrammar")
     from infer.engine.structured import Constraint
 
     _, spec, _ = _engines("right", max_num_seqs=4, speculative_max_num_seqs=4)

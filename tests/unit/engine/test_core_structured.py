@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xgrammar  # noqa: F401  (a hard dependency: missing, these tests fail)
 
 from infer.engine.llm import LLM
 from infer.engine.request import FinishReason, RequestOutput
@@ -21,8 +22,6 @@ from infer.engine.structured import Constraint
 from infer.engine.structured import compiler as structured
 from tests.helpers.fake_engine import FakeRunner, fake_core
 from tests.helpers.slow_grammar import SLOW_GRAMMAR, record_compiles
-
-pytest.importorskip("xgrammar")
 
 CITIES = ["Paris", "London", "Rome"]
 SMALL_INT = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},

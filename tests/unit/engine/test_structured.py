@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xgrammar as xgr
 
 from infer.engine.structured import MAX_CHOICES, MAX_CONSTRAINT_CHARS, Constraint, ConstraintKind, GrammarCompiler
 from infer.engine.structured import compiler as structured
@@ -20,8 +21,6 @@ from infer.engine.structured.grammar_budget import CompileDroppedError, trial_wo
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.validation import InvalidInput, QueueFullError
 from tests.helpers.fake_engine import tiny_tokenizer
-
-xgr = pytest.importorskip("xgrammar")
 
 
 def matches(compiled: Any, text: str) -> bool:

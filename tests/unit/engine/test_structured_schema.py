@@ -13,13 +13,12 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
+import xgrammar as xgr
 
 from infer.engine.structured import Constraint, GrammarCompiler
 from infer.engine.structured.schema import check_schema
 from infer.engine.tokenizer import Tokenizer
 from tests.helpers.fake_engine import tiny_tokenizer
-
-xgr = pytest.importorskip("xgrammar")
 
 I = {"type": "integer"}  # noqa: E741
 S = {"type": "string"}

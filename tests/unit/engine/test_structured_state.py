@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import xgrammar  # noqa: F401  (a hard dependency: missing, these tests fail)
 
 from infer.engine.request import Request
 from infer.engine.sampling_params import SamplingParams
@@ -11,8 +12,6 @@ from infer.engine.structured import Constraint, GrammarCompiler
 from infer.engine.structured.manager import StructuredOutputs, TokenBitmask, apply_bitmask
 from infer.engine.tokenizer import Tokenizer
 from tests.helpers.fake_engine import tiny_tokenizer
-
-pytest.importorskip("xgrammar")
 
 
 @pytest.fixture(scope="module")

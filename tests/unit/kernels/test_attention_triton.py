@@ -14,7 +14,6 @@ from tests.helpers.device import ON_CUDA, TEST_DEVICE
 from tests.helpers.paged_batches import Batch, Shape
 from tests.helpers.paged_batches import make_batch as make_cpu_batch
 
-pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
 
 from infer.kernels.attention_triton import paged_attention_triton  # noqa: E402

@@ -26,14 +26,12 @@ def test_auto_on_cuda_is_triton_when_installed_else_the_references(monkeypatch: 
     monkeypatch.delenv("INFER_KERNELS", raising=False)
     monkeypatch.setattr(backend, "triton_installed", lambda: False)
     assert select_kernels("cuda", torch.float16).name == "torch"
-    pytest.importorskip("triton")
     monkeypatch.setattr(backend, "triton_installed", lambda: True)
     assert select_kernels("cuda", torch.float16).name == "triton"
 
 
 @pytest.mark.parametrize("name", ["torch", "triton"])
 def test_env_var_forces_a_backend(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("triton")
     monkeypatch.setenv("INFER_KERNELS", name)
     kernels = select_kernels("cpu", torch.float32)
     assert kernels.name == name and kernels.device == torch.device("cpu") and kernels.dtype == torch.float32
@@ -57,7 +55,6 @@ def test_forcing_triton_without_the_package_says_so(monkeypatch: pytest.MonkeyPa
 
 
 def test_triton_off_cuda_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         select_kernels("cpu", torch.float32, "triton")
@@ -88,7 +85,6 @@ def test_bf16_on_a_cpu_without_bf16_dot_products_warns(
 
 @pytest.mark.triton
 def test_the_triton_backend_runs_triton_kernels_and_the_reference_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("triton")
     from infer.kernels import activation_triton
 
     calls = []

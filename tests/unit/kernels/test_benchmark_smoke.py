@@ -10,7 +10,6 @@ import pytest
 
 from tests.helpers.device import ON_CUDA
 
-pytest.importorskip("triton")
 # under make test-gpu the kernels are compiled, not interpreted, and the benchmark itself runs on the GPU
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(ON_CUDA, reason="make test-gpu runs the full benchmark")]
 

@@ -177,7 +177,6 @@ def test_the_reference_backend_runs_the_reference_and_quantizes_int8g(reference:
 
 @pytest.mark.triton
 def test_the_triton_backend_falls_back_to_the_reference_for_packed_weights() -> None:
-    pytest.importorskip("triton")
     triton = select_kernels(TEST_DEVICE, torch.float32, "triton")
     q = _packed(40, 64, (16, True, torch.float32))
     x = torch.randn(3, 64)

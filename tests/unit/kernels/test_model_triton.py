@@ -14,7 +14,6 @@ from tests.helpers.device import TEST_DEVICE
 from tests.helpers.mixed_steps import greedy_mixed_steps
 from tests.helpers.tiny_models import ARCHS, make_tiny_model
 
-pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
 
 from infer.kernels import attention_triton  # noqa: E402

@@ -8,7 +8,6 @@ import torch
 from infer.kernels.norm import fused_add_rms_norm_ref, rms_norm_ref
 from tests.helpers.device import TEST_DEVICE
 
-pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
 
 from infer.kernels.norm_triton import fused_add_rms_norm_triton, rms_norm_triton  # noqa: E402

@@ -8,7 +8,6 @@ import torch
 from infer.kernels.rotary import RopeConfig, apply_rotary_ref, cos_sin_cache
 from tests.helpers.device import TEST_DEVICE
 
-pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
 
 from infer.kernels.rotary_triton import apply_rotary_triton  # noqa: E402
