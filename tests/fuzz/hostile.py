@@ -89,7 +89,7 @@ def raw_bodies(draw: st.DrawFn, model: str) -> RawBody:
         messages = [{"role": "user", "content": content}] * num
         body = {k: v for k, v in body.items() if k != "prompt"} | {"messages": messages}
         if draw(st.booleans()):
-            del body["max_tokens"]  # the gateway counts the prompt's tokens first
+            del body["max_tokens"]  # the model server fills in what the context leaves
     elif kind == "extreme_floats":
         body["logprobs"] = 1 if path == "/v1/completions" else True
         for name in draw(st.lists(st.sampled_from(FLOAT_FIELDS), min_size=1, unique=True)):
