@@ -6,12 +6,14 @@ Real `infer serve` subprocesses over a tiny random model (a second to load), as 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -21,6 +23,7 @@ from infer.api import pb, pb_grpc
 from infer.clients import Chunk, Completion, InferClient, InferError, Sampling
 from infer.clients.channel import channel
 from infer.engine.async_engine import AsyncEngine
+from infer.server.lifecycle import NotServingError
 from infer.server.settings import ServerConfig
 from tests.helpers.fake_engine import fake_core
 from tests.helpers.tiny_models import make_servable_model
@@ -124,17 +127,20 @@ def test_calls_racing_a_drain_all_succeed_on_the_other_replica() -> None:
     """Calls that pick the draining replica just as it drains: answered UNAVAILABLE and retried elsewhere, never
     CANCELLED (what grpc answers a call that reaches a server after its GOAWAY; it happened in most drains)."""
     for _ in range(2):
-        num_ok, failures = _drain_while_calling(num_callers=16)
+        num_ok, num_refused, failures = _drain_while_calling(num_callers=16)
         assert not failures and num_ok > 0
+        assert num_refused > 0, "no call met the draining replica: the race did not happen"
 
 
-def _drain_while_calling(num_callers: int) -> tuple[int, list[str]]:
-    """Stop one of two replicas while `num_callers` threads call both through one client: (calls ok, failures)."""
+def _drain_while_calling(num_callers: int) -> tuple[int, int, list[str]]:
+    """Stop one of two replicas while `num_callers` threads call both through one client: (calls ok, calls the
+    draining replica refused, failures)."""
     failures: list[str] = []
     num_ok = 0
     stop = threading.Event()
     with running_fake_server() as other:
         draining = ServerThread(other.server.config, AsyncEngine(fake_core()[0]))
+        refused = _count_refusals(draining)
         with InferClient(f"ipv4:{draining.address},{other.address}", timeout_s=10) as client:
 
             def calls() -> None:
@@ -155,7 +161,26 @@ def _drain_while_calling(num_callers: int) -> tuple[int, list[str]]:
             stop.set()
             for caller in callers:
                 caller.join(30)
-    return num_ok, failures
+    return num_ok, len(refused), failures
+
+
+def _count_refusals(server: ServerThread) -> list[str]:
+    """The RPCs `server` refuses because it is not serving (draining), one entry each, as they come."""
+    lifecycle = server.server.lifecycle
+    plain = lifecycle.in_flight
+    refused: list[str] = []
+
+    @contextlib.contextmanager
+    def in_flight() -> Iterator[Any]:
+        try:
+            with plain() as engine:
+                yield engine
+        except NotServingError as e:
+            refused.append(str(e))
+            raise
+
+    lifecycle.in_flight = in_flight  # type: ignore[method-assign]
+    return refused
 
 
 def test_a_lone_draining_server_refuses_a_new_stream_within_its_deadline() -> None:
