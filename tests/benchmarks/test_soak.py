@@ -45,6 +45,15 @@ def test_rss_that_settles_after_each_phases_warm_up_is_flat_and_rss_that_climbs_
     assert soak.rss_verdict(_windows([900], [1000]), ["normal"] * 2, warmup_windows=2)[0] is False  # none after
 
 
+def test_a_process_that_never_ran_in_a_phase_passes_only_when_absence_is_allowed() -> None:
+    """The grammar worker starts on the first compile: in a phase without one it is not running, not failing."""
+    windows = _windows([0], [0], [0], [0], [280, 281], [282, 282], [282, 281], [281, 282])
+    phases = ["normal"] * 4 + ["hostile"] * 4
+    is_flat, text = soak.rss_verdict(windows, phases, warmup_windows=2, absent_ok=True)
+    assert is_flat and "normal: not running" in text and "hostile: 282 MiB after warm-up" in text
+    assert soak.rss_verdict(windows, phases, warmup_windows=2)[0] is False
+
+
 def test_the_slope_is_least_squares_in_mib_a_minute() -> None:
     assert soak.slope_mib_per_min([(0, 100), (60, 110), (120, 120)]) == pytest.approx(10)
     assert soak.slope_mib_per_min([(0, 100), (30, 100)]) == 0
