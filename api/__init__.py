@@ -8,7 +8,9 @@ No engine import: cheap for gateways and scripts. `make proto` regenerates `infe
 
 from __future__ import annotations
 
+import enum
 import re
+from collections.abc import Iterable
 from typing import Literal, get_args
 
 from infer.api.v1 import inference_pb2 as pb
@@ -16,10 +18,12 @@ from infer.api.v1 import inference_pb2_grpc as pb_grpc
 
 __all__ = [
     "API_KEY_METADATA",
+    "BEARER",
     "CHAT_ROLES",
     "CONSTRAINT_FIELDS",
     "DEFAULT_ADDRESS",
     "DEFAULT_GRPC_PORT",
+    "ERROR_REASON_KEY",
     "FINISH_REASONS",
     "INVALID_FIELD_KEY",
     "MAX_REQUEST_ID_CHARS",
@@ -29,6 +33,10 @@ __all__ = [
     "SERVICE_NAME",
     "UNARY_METHODS",
     "ChatRole",
+    "ErrorReason",
+    "bearer",
+    "bearer_key",
+    "error_reason",
     "pb",
     "pb_grpc",
 ]
@@ -40,6 +48,21 @@ UNARY_METHODS: tuple[str, ...] = tuple(m.name for m in SERVICE.methods if not m.
 DEFAULT_GRPC_PORT = 50051
 DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_GRPC_PORT}"
 API_KEY_METADATA = "authorization"  # its value: "Bearer <key>" (gRPC metadata, or the HTTP header)
+BEARER = "Bearer"  # the scheme of an API key (RFC 6750); a server reads it in any case
+
+
+def bearer(api_key: str) -> str:
+    """The API_KEY_METADATA value that carries `api_key`."""
+    return f"{BEARER} {api_key}"
+
+
+def bearer_key(value: str | None) -> str | None:
+    """The key of an API_KEY_METADATA value (`Bearer <key>`, the scheme in any case); None for another scheme."""
+    prefix = f"{BEARER.lower()} "
+    if value is None or value[: len(prefix)].lower() != prefix:
+        return None
+    return value[len(prefix) :].strip()
+
 
 # requests
 MAX_REQUEST_ID_CHARS = 128
@@ -58,9 +81,38 @@ OPTIONAL_SAMPLING_FIELDS: tuple[str, ...] = tuple(
     if f.has_presence and f.message_type is None and f.name not in CONSTRAINT_FIELDS
 )
 
-# errors: INVALID_ARGUMENT's trailing metadata names the request field at fault (`sampling.max_tokens`,
-# `messages[1].role`), apart from the message
+# errors: a refused call ends with a gRPC code and a message for people; its trailing metadata says why
+# (ERROR_REASON_KEY, an ErrorReason) and, for INVALID_ARGUMENT, which request field is at fault
+# (INVALID_FIELD_KEY: `sampling.max_tokens`, `messages[1].role`). Programs read these, never the message.
+ERROR_REASON_KEY = "infer-error-reason"
 INVALID_FIELD_KEY = "infer-invalid-field"
+
+
+class ErrorReason(enum.StrEnum):
+    """Why the server refused a call (the value of ERROR_REASON_KEY), beside its gRPC code. A call refused for
+    another cause (UNAUTHENTICATED, CANCELLED, DEADLINE_EXCEEDED, INTERNAL, gRPC's own errors) carries none:
+    its code says it."""
+
+    INVALID_VALUE = "INVALID_VALUE"  # INVALID_ARGUMENT: a value the request may not have
+    CONTEXT_LENGTH_EXCEEDED = "CONTEXT_LENGTH_EXCEEDED"  # INVALID_ARGUMENT: the prompt, or the prompt + max_tokens,
+    # over max_model_len, or a prompt over an operator's bound on its size (max_prompt_tokens, max_prompt_chars,
+    # max_chat_messages)
+    OVER_LIMIT = "OVER_LIMIT"  # INVALID_ARGUMENT: over an operator's limit that is not the prompt's size
+    DUPLICATE_REQUEST_ID = "DUPLICATE_REQUEST_ID"  # INVALID_ARGUMENT: the request id is already in flight
+    DOES_NOT_COMPILE = "DOES_NOT_COMPILE"  # INVALID_ARGUMENT: a constraint or a tool's parameters that the
+    # grammar compiler refuses (or that it would not enforce)
+    QUEUE_FULL = "QUEUE_FULL"  # RESOURCE_EXHAUSTED: a bounded queue is full; retry later
+    NOT_SERVING = "NOT_SERVING"  # UNAVAILABLE: the server is starting or draining; try another replica
+
+
+def error_reason(trailing_metadata: Iterable[tuple[str, str | bytes]] | None) -> ErrorReason | None:
+    """The reason in a refused call's trailing metadata; None when it names none (or one this client does not
+    know: a newer server's)."""
+    for key, value in trailing_metadata or ():
+        if key == ERROR_REASON_KEY and isinstance(value, str) and value in ErrorReason.__members__:
+            return ErrorReason(value)
+    return None
+
 
 # responses: proto -> OpenAI's words
 FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",

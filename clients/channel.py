@@ -16,12 +16,13 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
 
-from infer.api import API_KEY_METADATA, SERVICE_NAME, UNARY_METHODS
+from infer.api import API_KEY_METADATA, SERVICE_NAME, UNARY_METHODS, bearer
+from infer.api.credentials import read_file as read_file  # NOTE: also the gateway's, from here
+from infer.api.credentials import read_keys as read_keys  # NOTE: also `infer client --api-key-file`'s, from here
 
 Metadata = Sequence[tuple[str, str]]
 MAX_ATTEMPTS, INITIAL_BACKOFF_S, MAX_BACKOFF_S, BACKOFF_MULTIPLIER = 5, 0.1, 2.0, 2
@@ -33,23 +34,6 @@ RETRY_POLICY = {
     "backoffMultiplier": BACKOFF_MULTIPLIER,
     "retryableStatusCodes": ["UNAVAILABLE"],
 }
-
-
-def read_file(path: str, what: str) -> bytes:
-    """The bytes of a TLS or keys file; OSError naming the setting when it cannot be read."""
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise OSError(f"{what}: cannot read {path}: {e.strerror or e}") from None
-
-
-def read_keys(path: str, what: str) -> list[str]:
-    """The API keys of a keys file: one a line; blank lines and `#` comments skipped; ValueError when none."""
-    lines = [line.strip() for line in read_file(path, what).decode("utf-8").splitlines()]
-    keys = [line for line in lines if line and not line.startswith("#")]
-    if not keys:
-        raise ValueError(f"{what}: no key in {path}")
-    return keys
 
 
 def _read(path: str | None, what: str) -> bytes | None:
@@ -146,4 +130,4 @@ def with_api_key(metadata: Metadata, api_key: str | None) -> Metadata:
     """`metadata` plus `authorization: Bearer <api_key>`, unless it carries one already or there is no key."""
     if api_key is None or any(name == API_KEY_METADATA for name, _ in metadata):
         return metadata
-    return [*metadata, (API_KEY_METADATA, f"Bearer {api_key}")]
+    return [*metadata, (API_KEY_METADATA, bearer(api_key))]

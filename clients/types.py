@@ -8,28 +8,36 @@ from typing import Any
 
 import grpc
 
-from infer.api import CONSTRAINT_FIELDS, FINISH_REASONS, INVALID_FIELD_KEY, pb
+from infer.api import CONSTRAINT_FIELDS, FINISH_REASONS, INVALID_FIELD_KEY, ErrorReason, error_reason, pb
 
 # text, token ids, or chat messages ({"role": ..., "content": ...})
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
 
 
 class InferError(Exception):
-    """A failed RPC: `code` is the gRPC status code, `details` the server's message, `field` the request field
-    at fault that an INVALID_ARGUMENT names in its trailing metadata (`sampling.max_tokens`), if any."""
+    """A failed RPC: `code` is the gRPC status code, `details` the server's message (for people), and from its
+    trailing metadata: `reason` why it was refused (`ErrorReason.CONTEXT_LENGTH_EXCEEDED`), `field` the request
+    field at fault that an INVALID_ARGUMENT names (`sampling.max_tokens`), if any."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, field: str | None = None) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, details: str, field: str | None = None, reason: ErrorReason | None = None
+    ) -> None:
         super().__init__(f"{code.name}: {details}")
-        self.code, self.details, self.field = code, details, field
+        self.code, self.details, self.field, self.reason = code, details, field, reason
 
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError) -> InferError:
-        return cls(error.code(), error.details() or "", _invalid_field(error))
+        trailing = _trailing_metadata(error)
+        return cls(error.code(), error.details() or "", _invalid_field(trailing), error_reason(trailing))
 
 
-def _invalid_field(error: grpc.RpcError) -> str | None:
+def _trailing_metadata(error: grpc.RpcError) -> list[tuple[str, str | bytes]]:
     trailing = getattr(error, "trailing_metadata", None)
-    for key, value in (trailing() if trailing is not None else None) or ():
+    return list((trailing() if trailing is not None else None) or ())
+
+
+def _invalid_field(trailing: list[tuple[str, str | bytes]]) -> str | None:
+    for key, value in trailing:
         if key == INVALID_FIELD_KEY and isinstance(value, str):
             return str(value)
     return None

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from infer.engine.tokenizer import Tokenizer
     from infer.engine.tools.parsers import ToolCallDelta, ToolCallParser
     from infer.engine.tools.use import Tool, ToolChoice, ToolChoiceMode, ToolUse
-    from infer.engine.validation import InvalidInput, check
+    from infer.engine.validation import InvalidInput, Refusal, check
 
 _EXPORTS = {
     "AsyncEngine": "async_engine",
@@ -48,6 +48,7 @@ _EXPORTS = {
     "Prompt": "input_processor",
     "QUANTIZATIONS": "config",
     "QueueFullError": "inbox",
+    "Refusal": "validation",
     "RequestOutput": "request",
     "RequestStream": "stream",
     "SamplingParams": "sampling_params",
@@ -83,6 +84,7 @@ __all__ = [
     "ProcessedInput",
     "Prompt",
     "QueueFullError",
+    "Refusal",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",

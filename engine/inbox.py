@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 from infer.engine.request import Request
 from infer.engine.stats import EngineStats
 from infer.engine.validation import QueueFullError as QueueFullError  # the waiting queue's error too
-from infer.engine.validation import check
+from infer.engine.validation import Refusal, check
 
 R = TypeVar("R", bound=Request)
 
@@ -40,7 +40,8 @@ class Inbox(Generic[R]):
         """Enqueue; ValueError for an id in flight, QueueFullError when the queue is full."""
         rid = request.request_id
         with self._lock:
-            check("request_id", rid not in self._ids_in_flight, f"{rid!r} is already in flight")
+            is_new = rid not in self._ids_in_flight
+            check("request_id", is_new, f"{rid!r} is already in flight", Refusal.DUPLICATE_ID)
             num_queued = self._num_queued()
             if num_queued >= self.max_waiting_requests:
                 raise QueueFullError(f"{num_queued} requests are waiting (max_waiting_requests)")

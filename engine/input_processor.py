@@ -18,7 +18,7 @@ from infer.engine.structured import Constraint
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.tools.parsers import ToolCallParser
 from infer.engine.tools.use import Tool, ToolChoice, ToolChoiceMode, ToolUse
-from infer.engine.validation import InvalidInput, check
+from infer.engine.validation import InvalidInput, Refusal, check
 
 _LIMITS = ("max_prompt_tokens", "max_output_tokens", "max_prompt_chars")
 
@@ -101,7 +101,7 @@ class ProcessedInput:
         if use.choice.mode is ToolChoiceMode.FUNCTION:
             index = next(i for i, t in enumerate(use.tools) if t.name == use.choice.function)
             return error.renamed(f"tools[{index}].parameters")
-        return InvalidInput("tools", f"the parameters of a tool {error.message}")
+        return InvalidInput("tools", f"the parameters of a tool {error.message}", error.reason)
 
 
 class InputProcessor:
@@ -149,19 +149,21 @@ class InputProcessor:
             raise InvalidInput("messages", str(e)) from None
         if limits.max_prompt_chars is not None and len(text) > limits.max_prompt_chars:  # before it is tokenized
             message = f"the rendered chat is {len(text)} characters exceeds {limits.name('max_prompt_chars')}"
-            raise InvalidInput("messages", message)
+            raise InvalidInput("messages", message, Refusal.CONTEXT_LENGTH)
         return text
 
     def _check_prompt(self, prompt: Prompt, ids: Sequence[int], limits: InputLimits) -> None:
         num_prompt, max_model_len, vocab = len(ids), self.max_model_len, self.vocab_size
         check(prompt.size_field, num_prompt > 0, "must not be empty")
         check(prompt.size_field, num_prompt < max_model_len,
-              f"{num_prompt} tokens exceeds max_model_len ({max_model_len}) less one token to generate")  # fmt: skip
+              f"{num_prompt} tokens exceeds max_model_len ({max_model_len}) less one token to generate",
+              Refusal.CONTEXT_LENGTH)  # fmt: skip
         if prompt.token_ids is not None:
             check("token_ids", all(0 <= t < vocab for t in ids), f"ids must be in [0, {vocab})")
         if limits.max_prompt_tokens is not None:
             check(prompt.size_field, num_prompt <= limits.max_prompt_tokens,
-                  f"{num_prompt} tokens exceeds {limits.name('max_prompt_tokens')}")  # fmt: skip
+                  f"{num_prompt} tokens exceeds {limits.name('max_prompt_tokens')}",
+                  Refusal.CONTEXT_LENGTH)  # fmt: skip
 
     def _max_tokens(self, num_prompt: int, max_tokens: int | None, limits: InputLimits) -> int:
         """The request's max_tokens, checked; None: as many as the context leaves (up to max_output_tokens)."""
@@ -170,9 +172,9 @@ class InputProcessor:
             return room if limit is None else min(room, limit)
         check("sampling.max_tokens", max_tokens <= room,
               f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
-              f"({self.max_model_len})")  # fmt: skip
+              f"({self.max_model_len})", Refusal.CONTEXT_LENGTH)  # fmt: skip
         check("sampling.max_tokens", limit is None or max_tokens <= limit,
-              f"{max_tokens} exceeds {limits.name('max_output_tokens')}")  # fmt: skip
+              f"{max_tokens} exceeds {limits.name('max_output_tokens')}", Refusal.OVER_LIMIT)  # fmt: skip
         return max_tokens
 
 
@@ -181,7 +183,7 @@ def with_tools(params: SamplingParams, use: ToolUse) -> SamplingParams:
     try:
         constraint = use.constraint
     except InvalidInput as e:  # the combined schema is too long
-        raise InvalidInput("tools", str(e)) from None
+        raise InvalidInput("tools", str(e), e.reason) from None
     if constraint is not None:
         if params.constraint is not None:
             raise InvalidInput("tool_choice", f"{use.choice.mode} constrains the output: "

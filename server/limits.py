@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infer.engine import InputLimits, InvalidInput
+from infer.engine import InputLimits, InvalidInput, Refusal
 
 # NOTE: natural text and code run 3-4 characters a token; runs of spaces or '=' up to 64 (SmolLM2's
 # tokenizer). A prompt of more than this many characters per token of room is a rare legitimate one.
@@ -36,6 +36,7 @@ class InputBounds:
                 "messages",
                 f"{num_messages} messages exceeds max_chat_messages ({self.max_chat_messages}; "
                 f"{_setting('max_chat_messages')})",
+                Refusal.CONTEXT_LENGTH,
             )
 
     def check_chars(self, field: str, num_chars: int, what: str = "") -> None:
@@ -45,11 +46,12 @@ class InputBounds:
                 field,
                 f"{what}{num_chars} characters exceeds max_prompt_chars ({self.max_prompt_chars}; "
                 f"{_setting('max_prompt_chars')})",
+                Refusal.CONTEXT_LENGTH,
             )
 
     def check_tokens(self, num_tokens: int) -> None:
         if num_tokens > self.max_prompt_tokens:
-            raise InvalidInput("prompt", f"{num_tokens} tokens exceeds {self.token_limit}")
+            raise InvalidInput("prompt", f"{num_tokens} tokens exceeds {self.token_limit}", Refusal.CONTEXT_LENGTH)
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,12 @@ from typing import Any
 
 import grpc
 
-from infer.api import API_KEY_METADATA
-from infer.clients.channel import read_file, read_keys
+from infer.api import API_KEY_METADATA, bearer, bearer_key
+from infer.api.credentials import read_file, read_keys
 
-BEARER = "bearer "
 # NOTE: probes carry no key: health stays open (it tells only SERVING or not); reflection and the API do not
 OPEN_GRPC_PREFIXES = ("/grpc.health.v1.Health/",)
-MISSING_KEY = "missing API key: send the header 'authorization: Bearer <key>'"
+MISSING_KEY = f"missing API key: send the header '{API_KEY_METADATA}: {bearer('<key>')}'"
 INVALID_KEY = "invalid API key"
 
 
@@ -87,9 +86,10 @@ class ApiKeys:
 
     def refusal(self, authorization: str | None) -> str | None:
         """None when the `Authorization` value carries a valid key, else why not."""
-        if not authorization or authorization[: len(BEARER)].lower() != BEARER:
+        key = bearer_key(authorization)
+        if key is None:
             return MISSING_KEY
-        return None if self.is_valid(authorization[len(BEARER) :].strip()) else INVALID_KEY
+        return None if self.is_valid(key) else INVALID_KEY
 
 
 Behaviour = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -12,44 +11,14 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from infer.api import INVALID_FIELD_KEY, SERVICE, SERVICE_NAME, pb, pb_grpc
-from infer.engine import (
-    CallerOutputs,
-    EngineClient,
-    FinishReason,
-    InvalidInput,
-    ProcessedInput,
-    QueueFullError,
-)
+from infer.api import SERVICE, SERVICE_NAME, pb, pb_grpc
+from infer.engine import CallerOutputs, EngineClient, FinishReason, InvalidInput, ProcessedInput, Refusal
 from infer.server import convert
-from infer.server.lifecycle import Lifecycle, NotServingError
+from infer.server.lifecycle import Lifecycle
 from infer.server.limits import RequestLimits
 from infer.server.prompt_workers import PromptWorkers
+from infer.server.status import StatusError, status_of
 from infer.server.telemetry import RequestTrace, Telemetry
-
-logger = logging.getLogger(__name__)
-
-
-class StatusError(Exception):
-    """End the RPC with this status code and message."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
-def _status(error: Exception) -> tuple[grpc.StatusCode, str]:
-    """NOTE: InvalidInput is a ValueError: INVALID_ARGUMENT; `_rpc` also sends its field (INVALID_FIELD_KEY)."""
-    if isinstance(error, StatusError):
-        return error.code, error.message
-    if isinstance(error, ValueError):
-        return grpc.StatusCode.INVALID_ARGUMENT, str(error)
-    if isinstance(error, QueueFullError):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"queue full: {error}"
-    if isinstance(error, NotServingError):
-        return grpc.StatusCode.UNAVAILABLE, str(error)
-    logger.exception("unexpected error in an RPC", exc_info=error)
-    return grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}"
 
 
 def _cancelled_code(context: grpc.aio.ServicerContext) -> str:
@@ -73,7 +42,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def _rpc(
         self, context: grpc.aio.ServicerContext, method: str, request_id: str = ""
     ) -> AsyncIterator[tuple[EngineClient, RequestTrace]]:
-        """Count the RPC in flight, trace it, and turn an exception into its status code."""
+        """Count the RPC in flight, trace it, and turn an exception into its status (`status.py`)."""
         trace = self.telemetry.start_request(method, request_id, dict(context.invocation_metadata() or ()))
         try:
             with self.lifecycle.in_flight() as engine:
@@ -85,10 +54,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             if context.cancelled():  # a write that failed because the client is gone: grpc cleans up
                 trace.end(_cancelled_code(context))
                 raise
-            code, message = _status(e)
-            trace.end(code.name, message)
-            field = ((INVALID_FIELD_KEY, e.field),) if isinstance(e, InvalidInput) else ()
-            await context.abort(code, message, trailing_metadata=field)
+            status = status_of(e)
+            trace.end(status.code.name, status.message)
+            await context.abort(status.code, status.message, trailing_metadata=status.trailing_metadata)
         else:
             trace.end("OK")
 
@@ -180,8 +148,9 @@ async def _compiled(engine: EngineClient, processed: ProcessedInput) -> None:
     for field, constraint in processed.constraints:
         try:
             await engine.compile_constraint(constraint)
-        except InvalidInput as e:
-            raise (processed.constraint_error(e) if field is None else e.renamed(field)) from None
+        except InvalidInput as e:  # NOTE: what compile_constraint refuses does not compile (EngineClient)
+            refused = e.because(Refusal.DOES_NOT_COMPILE)
+            raise (processed.constraint_error(refused) if field is None else refused.renamed(field)) from None
 
 
 def _admit_by_deadline(engine: EngineClient, num_prompt_tokens: int, time_remaining_s: float | None) -> None:

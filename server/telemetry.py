@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from prometheus_client import CollectorRegistry
 
+from infer.api import SERVICE_NAME
 from infer.engine import EngineStats, RequestOutput
 from infer.server.metrics_http import start_metrics_server
 from infer.server.vllm_metrics import ModelSource, VllmMetrics
@@ -193,7 +194,7 @@ class Telemetry:
         """A span for one RPC, a child of the caller's W3C `traceparent` when it sent one."""
         parent = propagate.extract(dict(metadata or {}))
         span = self.tracer.start_span(
-            f"infer.v1.InferenceService/{method}",
+            f"{SERVICE_NAME}/{method}",
             context=parent,
             kind=trace.SpanKind.SERVER,
             attributes={"rpc.system": "grpc", "rpc.method": method, "infer.request_id": request_id},

@@ -1,4 +1,5 @@
-"""Errors in OpenAI's JSON shape, and the gRPC status codes of the upstream mapped onto HTTP."""
+"""Errors in OpenAI's JSON shape, and the upstream's refusals mapped onto HTTP: by the gRPC code and the reason
+in the trailing metadata (`infer.api.ErrorReason`), never by the message's words."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from infer.api import CONSTRAINT_FIELDS
+from infer.api import BEARER, CONSTRAINT_FIELDS, ErrorReason
 from infer.clients import InferError
 
 RETRY_AFTER_S = {429: 1, 503: 2}  # the Retry-After header of a refused request
@@ -28,8 +29,6 @@ _UNION_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|.*\[.*)$")  # pyda
 # the model server's request fields (INVALID_FIELD_KEY) that a body names otherwise
 _UPSTREAM_PARAMS: dict[str, str | None] = {"token_ids": "prompt", "input": None}
 _UPSTREAM_TOOL = re.compile(r"^tools(\[\d+\])?(?:\.(name|parameters))?$")  # tools, tools[0], tools[0].parameters
-# the model server's bounds on a prompt's size: over one, the prompt is too long (400, not 422)
-_PROMPT_LIMITS = ("max_model_len", "max_prompt_tokens", "max_prompt_chars", "max_chat_messages")
 
 
 class APIError(Exception):
@@ -43,13 +42,14 @@ class APIError(Exception):
         self.type = type or _TYPES.get(status, "server_error")
         self.is_upstream = False  # True when the model server refused or failed the call (`from_grpc`)
         self.upstream_field: str | None = None  # the request field the model server refused (INVALID_ARGUMENT)
+        self.upstream_reason: ErrorReason | None = None  # why (the trailing metadata's ErrorReason)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def headers(self) -> dict[str, str]:
         if self.status == 401:
-            return {"WWW-Authenticate": "Bearer"}
+            return {"WWW-Authenticate": BEARER}
         retry_after_s = RETRY_AFTER_S.get(self.status)
         return {} if retry_after_s is None else {"Retry-After": str(retry_after_s)}
 
@@ -122,11 +122,11 @@ def _body_param(field: str) -> str | None:
     return field.removeprefix("sampling.")
 
 
-def _invalid_argument(details: str, field: str | None) -> APIError:
+def _invalid_argument(details: str, field: str | None, reason: ErrorReason | None) -> APIError:
     param = None if field is None else _body_param(field)
-    if any(f"exceeds {limit}" in details for limit in _PROMPT_LIMITS):
+    if reason is ErrorReason.CONTEXT_LENGTH_EXCEEDED:  # as OpenAI answers a prompt over the context
         return APIError(400, details, code="context_length_exceeded", param="messages" if param is None else param)
-    if field == "request_id" and "already in flight" in details:
+    if reason is ErrorReason.DUPLICATE_REQUEST_ID:
         return APIError(409, details, code="duplicate_request_id", param="X-Request-Id")
     if field == "request_id":
         return APIError(422, details, code="invalid_value", param="X-Request-Id")
@@ -153,22 +153,25 @@ def body_field(error: APIError, constraint_param: str | None) -> APIError:
     if param is None:
         return error
     detail = error.message.removeprefix(f"{field}: ")
-    status = 400 if detail.startswith("does not compile") or " does not compile" in detail else 422
+    status = 400 if error.upstream_reason is ErrorReason.DOES_NOT_COMPILE else 422
     renamed = APIError(status, f"{param}: {detail}", code="invalid_value", param=param)
-    renamed.is_upstream, renamed.upstream_field = True, field
+    renamed.is_upstream, renamed.upstream_field, renamed.upstream_reason = True, field, error.upstream_reason
     return renamed
 
 
 def from_grpc(error: InferError) -> APIError:
-    """The HTTP error for a failed upstream call; an INVALID_ARGUMENT's field (`error.field`) names the body's."""
-    api_error = _from_status(error.code, error.details, error.field)
-    api_error.is_upstream, api_error.upstream_field = True, error.field
+    """The HTTP error for a failed upstream call, by its code and reason; an INVALID_ARGUMENT's field
+    (`error.field`) names the body's."""
+    api_error = _from_status(error.code, error.details, error.field, error.reason)
+    api_error.is_upstream, api_error.upstream_field, api_error.upstream_reason = True, error.field, error.reason
     return api_error
 
 
-def _from_status(code: grpc.StatusCode, details: str, field: str | None) -> APIError:
+def _from_status(code: grpc.StatusCode, details: str, field: str | None, reason: ErrorReason | None) -> APIError:
+    """(code, reason) -> HTTP status. Only INVALID_ARGUMENT's reasons pick among statuses (400, 409, 422; and
+    `body_field`'s 400 for DOES_NOT_COMPILE); every other code maps alone."""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return _invalid_argument(details, field)
+        return _invalid_argument(details, field, reason)
     if code == grpc.StatusCode.UNAUTHENTICATED:  # the gateway forwards the caller's key: the caller's error
         return APIError(401, details, code="invalid_api_key")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:

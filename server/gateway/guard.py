@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from infer.api import API_KEY_METADATA
 from infer.server.gateway.errors import APIError
 from infer.server.gateway.origins import BrowserPolicy
 from infer.server.security import ApiKeys
@@ -115,7 +116,7 @@ class Guard:
         if refusal is not None:
             return refusal
         if self.keys is not None and scope["path"] not in OPEN_PATHS:
-            key_refusal = self.keys.refusal(_header(scope, b"authorization"))
+            key_refusal = self.keys.refusal(_header(scope, API_KEY_METADATA.encode()))
             if key_refusal is not None:
                 return APIError(401, key_refusal, code="invalid_api_key")
         if scope["method"] == "POST" and (refusal := _media_type_refusal(_header(scope, b"content-type"))):

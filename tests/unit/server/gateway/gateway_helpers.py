@@ -14,7 +14,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from infer.api import INVALID_FIELD_KEY, pb, pb_grpc
+from infer.api import ERROR_REASON_KEY, INVALID_FIELD_KEY, ErrorReason, pb, pb_grpc
 from infer.server.gateway import GatewayConfig, GatewayServer
 
 T = TypeVar("T")
@@ -97,7 +97,8 @@ def _logprobs(token_id: int, word: str, num_top: int) -> pb.TokenLogprob:
 class FakeInference(pb_grpc.InferenceServiceServicer):
     """Scripted answers, by prompt (or the last chat message):
 
-    - `status:CODE[:details]`: fail at once with that gRPC status code;
+    - `status:CODE[/REASON][:details]`: fail at once with that gRPC status code and ErrorReason (INVALID_ARGUMENT's
+      default: INVALID_VALUE, as the real servicer sends for a bad value);
     - `fail-midway`: two messages, then INTERNAL;
     - `endless`: one word every 20 ms until cancelled;
     - `nan-logprobs`: NaN logprobs (what a sampler that underflowed would send);
@@ -119,11 +120,14 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
         self.metadata.append({k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)})
         prompt = _prompt_text(request)
         if prompt.startswith("status:"):
-            _, name, *details = prompt.split(":", 2)
+            _, status, *details = prompt.split(":", 2)
+            name, _, reason = status.partition("/")
             message = details[0] if details else f"fake {name}"
-            # like the real servicer: INVALID_ARGUMENT names the field in the trailing metadata
+            # like the real servicer: the reason, and INVALID_ARGUMENT's field, in the trailing metadata
             field = message.split(":")[0] if name == "INVALID_ARGUMENT" and ":" in message else None
+            reason = reason or (ErrorReason.INVALID_VALUE if name == "INVALID_ARGUMENT" else "")
             trailing = ((INVALID_FIELD_KEY, field),) if field else ()
+            trailing += ((ERROR_REASON_KEY, reason),) if reason else ()
             await context.abort(grpc.StatusCode[name], message, trailing_metadata=trailing)
         try:
             async for response in self._stream(request, prompt):

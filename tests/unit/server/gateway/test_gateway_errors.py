@@ -126,26 +126,25 @@ def test_upstream_status_maps_to_http(
 
 
 @pytest.mark.parametrize(
-    ("details", "status", "param", "code"),
+    ("reason", "details", "status", "param", "code"),
     [
-        ("sampling.top_p: must be in (0, 1]", 422, "top_p", "invalid_value"),
-        ("token_ids: ids must be in [0, 100)", 422, "prompt", "invalid_value"),
-        ("messages[1].role: 'root' is not one of system, user", 422, "messages[1].role", "invalid_value"),
-        ("input: one of prompt, token_ids or messages is required", 422, None, "invalid_value"),
-        ("sampling.max_tokens: prompt (60 tokens) + max_tokens (16) exceeds max_model_len (64)", 400, "max_tokens",
-         "context_length_exceeded"),
-        ("request_id: 'x' is already in flight", 409, "X-Request-Id", "duplicate_request_id"),
-        ("request_id: must be 1 to 128 visible ASCII characters", 422, "X-Request-Id", "invalid_value"),
+        ("", "sampling.top_p: must be in (0, 1]", 422, "top_p", "invalid_value"),
+        ("", "token_ids: ids must be in [0, 100)", 422, "prompt", "invalid_value"),
+        ("", "messages[1].role: 'root' is not one of system, user", 422, "messages[1].role", "invalid_value"),
+        ("", "input: one of prompt, token_ids or messages is required", 422, None, "invalid_value"),
+        ("CONTEXT_LENGTH_EXCEEDED", "sampling.max_tokens: prompt (60 tokens) + max_tokens (16) exceeds max_model_len "
+         "(64)", 400, "max_tokens", "context_length_exceeded"),
+        ("DUPLICATE_REQUEST_ID", "request_id: 'x' is already in flight", 409, "X-Request-Id", "duplicate_request_id"),
+        ("", "request_id: must be 1 to 128 visible ASCII characters", 422, "X-Request-Id", "invalid_value"),
     ],
 )  # fmt: skip
 def test_upstream_invalid_argument_names_the_field(
-    http: httpx.Client, details: str, status: int, param: str | None, code: str
+    http: httpx.Client, reason: str, details: str, status: int, param: str | None, code: str
 ) -> None:
-    """The param is the body's name of the field the model server names (its trailing metadata)."""
-    error = error_of(
-        http.post(CHAT, json=chat_body(messages=[{"role": "user", "content": f"status:INVALID_ARGUMENT:{details}"}])),
-        status,
-    )
+    """The param is the body's name of the field the model server names (its trailing metadata); the status is
+    the reason's (INVALID_VALUE unless given)."""
+    prompt = f"status:INVALID_ARGUMENT{'/' if reason else ''}{reason}:{details}"
+    error = error_of(http.post(CHAT, json=chat_body(messages=[{"role": "user", "content": prompt}])), status)
     assert (error["param"], error["code"], error["message"]) == (param, code, details)
 
 

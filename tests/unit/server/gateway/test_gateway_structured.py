@@ -90,13 +90,13 @@ def test_conflicting_or_incomplete_fields_are_422(
 @pytest.mark.parametrize(
     ("fields", "refusal", "status", "param", "message"),
     [
-        ({"guided_regex": "(("}, "sampling.regex: does not compile: bad regex", 400, "guided_regex",
+        ({"guided_regex": "(("}, "/DOES_NOT_COMPILE:sampling.regex: does not compile: bad regex", 400, "guided_regex",
          "guided_regex: does not compile: bad regex"),
         ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "objekt"}}}},
-         "sampling.json_schema: does not compile: Unsupported type", 400, "response_format",
+         "/DOES_NOT_COMPILE:sampling.json_schema: does not compile: Unsupported type", 400, "response_format",
          "response_format: does not compile: Unsupported type"),
-        ({"tools": [WEATHER]}, "tools[0].parameters: does not compile: nope", 400, "tools[0].function.parameters",
-         "tools[0].function.parameters: does not compile: nope"),
+        ({"tools": [WEATHER]}, "/DOES_NOT_COMPILE:tools[0].parameters: does not compile: nope", 400,
+         "tools[0].function.parameters", "tools[0].function.parameters: does not compile: nope"),
         ({"tools": [WEATHER]}, "tools[0].name: must be 1 to 64 characters", 422, "tools[0].function.name",
          "tools[0].function.name: must be 1 to 64 characters"),
         ({}, "sampling.top_p: must be in (0, 1]", 422, "top_p", "sampling.top_p: must be in (0, 1]"),
@@ -106,7 +106,9 @@ def test_the_model_servers_refusals_point_at_the_body_field(
     http: httpx.Client, fake: FakeInference, fields: dict[str, Any], refusal: str, status: int, param: str,
     message: str,
 ) -> None:  # fmt: skip
-    body = chat_body(messages=[{"role": "user", "content": f"status:INVALID_ARGUMENT:{refusal}"}], **fields)
+    """`/REASON:`: the reason the model server sends beside the refusal (INVALID_VALUE unless given)."""
+    prompt = f"status:INVALID_ARGUMENT{refusal}" if refusal.startswith("/") else f"status:INVALID_ARGUMENT:{refusal}"
+    body = chat_body(messages=[{"role": "user", "content": prompt}], **fields)
     error = error_of(http.post(CHAT, json=body), status)
     assert (error["param"], error["message"]) == (param, message)
 
