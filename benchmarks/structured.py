@@ -29,7 +29,7 @@ from infer import LLM, SamplingParams
 from infer.engine import Constraint
 from infer.engine.default_model import default_model_dir
 from infer.engine.structured import GrammarCompiler
-from infer.engine.structured_state import TokenBitmask, apply_bitmask
+from infer.engine.structured.manager import TokenBitmask, apply_bitmask
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 CONCURRENT = 16

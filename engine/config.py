@@ -10,7 +10,7 @@ import torch
 from infer.engine.speculative import MAX_SPECULATIVE_TOKENS
 from infer.engine.structured import DEFAULT_COMPILE_BUDGET_S, DEFAULT_MAX_PENDING_GRAMMARS
 from infer.engine.validation import check
-from infer.kernels.backend import BACKENDS
+from infer.kernels import BACKENDS
 
 DEFAULT_MAX_MODEL_LEN = 2048  # when the model allows as much
 QUANTIZATIONS = ("auto", "none", "int8", "int4")

@@ -14,7 +14,7 @@ from typing import Any
 
 from infer.api import DEFAULT_GRPC_PORT
 from infer.engine import DTYPES, QUANTIZATIONS, EngineConfig, check
-from infer.kernels.backend import BACKENDS
+from infer.kernels import BACKENDS
 from infer.server.gateway.origins import parse_origins
 from infer.server.limits import RequestLimits
 from infer.server.security import TlsFiles

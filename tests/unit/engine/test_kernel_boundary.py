@@ -25,8 +25,11 @@ def test_the_engine_imports_only_the_kernel_interface() -> None:
 
 
 def test_models_never_choose_a_backend() -> None:
-    chooses = sorted(f for f, _, n in _imports_by_file(ENGINE_DIR) if n in ("select_kernels", "BACKENDS"))
+    imports = _imports_by_file(ENGINE_DIR)
+    chooses = sorted(f for f, _, n in imports if n == "select_kernels")
     assert chooses == ["loader.py"], "the backend is chosen once, when the model is loaded"
+    names = sorted(f for f, _, n in imports if n == "BACKENDS")
+    assert names == ["config.py"], "the backends' names only check the `kernels` setting, in the config"
 
 
 def test_no_compiled_or_triton_kernel_is_called_from_the_engine() -> None:
