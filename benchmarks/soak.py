@@ -81,7 +81,8 @@ def _rss_mib(pid: int) -> float:
 
 
 def _worker_rss_mib(pid: int) -> float:
-    """RSS of the server's grammar trial worker (`python -m infer.engine.structured.grammar_worker`), 0 when it has none."""
+    """RSS of the server's grammar trial worker (`python -m infer.engine.structured.grammar_worker`), 0 when it has
+    none."""
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             children = (task / "children").read_text().split()
