@@ -135,7 +135,8 @@ def _parsing(request_type: type[Message], handler: Handler) -> Handler:
         try:
             request = request_type.FromString(raw)
         except DecodeError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request_type.DESCRIPTOR.name}: {e}")
+            status = status_of(ValueError(f"malformed {request_type.DESCRIPTOR.name}: {e}"))  # INVALID_VALUE
+            await context.abort(status.code, status.message, trailing_metadata=status.trailing_metadata)
         return await handler(request, context)
 
     return parse_then_handle

@@ -78,6 +78,63 @@ def test_nothing_defines_the_contract_a_second_time() -> None:
     assert again == [], "take these from `infer.api`"
 
 
+def _docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the docstring nodes: prose may name the contract's values."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _spellings(text: str, *, in_f_string: bool) -> list[str]:
+    """The contract's wire names that a literal spells: the service name (also inside a method path), the
+    authorization metadata key, the Bearer scheme (alone, or an f-string's `Bearer {key}` part)."""
+    words = text.strip().lower()
+    found = [infer.api.SERVICE_NAME] if infer.api.SERVICE_NAME.lower() in text.lower() else []
+    if words == infer.api.API_KEY_METADATA:
+        found.append(infer.api.API_KEY_METADATA)
+    if words == infer.api.BEARER.lower() or (in_f_string and text.lower().endswith(f"{infer.api.BEARER.lower()} ")):
+        found.append(infer.api.BEARER)
+    return found
+
+
+def _spelled_names(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, name) of every literal outside a docstring that spells a contract name."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = _docstrings(tree)
+    in_f_strings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str | bytes) and id(node) not in docstrings:
+            text = node.value.decode("latin-1") if isinstance(node.value, bytes) else node.value
+            for name in _spellings(text, in_f_string=id(node) in in_f_strings):
+                yield node.lineno, name
+
+
+def test_the_service_name_the_key_header_and_the_bearer_scheme_are_spelled_once() -> None:
+    """Only infer.api spells them; everything else takes SERVICE_NAME, API_KEY_METADATA, BEARER or bearer()."""
+    again = [f"{_where(path)}:{line}: {name!r}" for path in _files(*SPEAKERS) for line, name in _spelled_names(path)]
+    assert again == [], "take these from `infer.api`"
+
+
+def test_a_second_spelling_is_found(tmp_path: Path) -> None:
+    source = tmp_path / "spelled.py"
+    source.write_text(
+        '''"""Docstrings may say infer.v1.InferenceService and 'authorization: Bearer <key>'."""
+KEY = "authorization"
+HEADER = b"Authorization"
+SCHEME = "bearer "
+METHOD = f"infer.v1.InferenceService/{name}"
+VALUE = f"Bearer {key}"
+HELP = "send 'authorization: Bearer <key>'"  # prose: not a spelling
+'''
+    )
+    service, key, scheme = infer.api.SERVICE_NAME, infer.api.API_KEY_METADATA, infer.api.BEARER
+    assert sorted(_spelled_names(source)) == [(2, key), (3, key), (4, scheme), (5, service), (6, scheme)]
+
+
 def test_only_infer_api_holds_the_stubs() -> None:
     found = ROOT.glob("[!.]*/**/*_pb2*.py*")
     stubs = sorted(_where(p) for p in found if p.suffix in (".py", ".pyi") and "node_modules" not in p.parts)

@@ -13,9 +13,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 
+from infer.api import SERVICE_NAME, ErrorReason, error_reason
+from infer.clients import InferClient, InferError, Sampling
 from infer.engine import InvalidInput, QueueFullError
 from infer.engine.core import EngineCore
 from tests.helpers.fake_engine import FakeRunner
@@ -136,6 +139,27 @@ def test_a_refusals_status_does_not_depend_on_its_words(
     assert _refusal(response) == expected, response.text
     if words is not None:
         assert words in response.json()["error"]["message"]  # the engine's words reached the client
+
+
+def test_a_grpc_client_reads_the_reason_and_the_field(server: ServerThread, words: str | None) -> None:
+    """The same contract at the gRPC door: `InferError.reason` and `.field`, from the trailing metadata."""
+    cases = [
+        (list(range(50)), Sampling(max_tokens=2), ErrorReason.CONTEXT_LENGTH_EXCEEDED, "prompt"),
+        ([5, 6, 7], Sampling(max_tokens=10), ErrorReason.OVER_LIMIT, "sampling.max_tokens"),
+        ([10**6], Sampling(max_tokens=2), ErrorReason.INVALID_VALUE, "token_ids"),
+    ]
+    with InferClient(server.address, timeout_s=30) as client:
+        for prompt, sampling, reason, field in cases:
+            with pytest.raises(InferError) as info:
+                client.complete(prompt, sampling)
+            assert (info.value.reason, info.value.field) == (reason, field), info.value
+
+
+def test_a_malformed_message_is_an_invalid_value(server: ServerThread) -> None:
+    with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError) as info:
+        channel.unary_unary(f"/{SERVICE_NAME}/Tokenize")(b"\xff\xff\xff", timeout=10)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert error_reason(info.value.trailing_metadata()) is ErrorReason.INVALID_VALUE
 
 
 @pytest.fixture

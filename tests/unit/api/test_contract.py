@@ -5,7 +5,21 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from infer.api import CHAT_ROLES, FINISH_REASONS, REQUEST_ID, SERVICE_NAME, UNARY_METHODS, pb
+from infer.api import (
+    API_KEY_METADATA,
+    CHAT_ROLES,
+    ERROR_REASON_KEY,
+    FINISH_REASONS,
+    INVALID_FIELD_KEY,
+    REQUEST_ID,
+    SERVICE_NAME,
+    UNARY_METHODS,
+    ErrorReason,
+    bearer,
+    bearer_key,
+    error_reason,
+    pb,
+)
 from infer.server.gateway.schemas import ChatMessage
 
 
@@ -33,3 +47,24 @@ def test_the_gateway_takes_every_chat_role(role: str) -> None:
 def test_the_gateway_refuses_another_role() -> None:
     with pytest.raises(ValidationError, match="system"):
         ChatMessage.model_validate({"role": "narrator", "content": "x"})
+
+
+def test_the_error_metadata_keys_and_reasons_are_the_documented_words() -> None:
+    assert (ERROR_REASON_KEY, INVALID_FIELD_KEY) == ("infer-error-reason", "infer-invalid-field")
+    assert [r.value for r in ErrorReason] == [
+        "INVALID_VALUE", "CONTEXT_LENGTH_EXCEEDED", "OVER_LIMIT", "DUPLICATE_REQUEST_ID", "DOES_NOT_COMPILE",
+        "QUEUE_FULL", "NOT_SERVING",
+    ]  # fmt: skip
+
+
+def test_a_reason_is_read_from_the_trailing_metadata() -> None:
+    trailing = [(INVALID_FIELD_KEY, "prompt"), (ERROR_REASON_KEY, "CONTEXT_LENGTH_EXCEEDED")]
+    assert error_reason(trailing) is ErrorReason.CONTEXT_LENGTH_EXCEEDED
+    assert error_reason([(INVALID_FIELD_KEY, "prompt")]) is None and error_reason(None) is None
+    assert error_reason([(ERROR_REASON_KEY, "A_NEWER_SERVERS_REASON")]) is None
+
+
+def test_an_api_key_travels_as_a_bearer_token() -> None:
+    assert API_KEY_METADATA == "authorization" and bearer("k1") == "Bearer k1"
+    assert [bearer_key(v) for v in ("Bearer k1", "bearer  k1 ", "BEARER k1")] == ["k1"] * 3
+    assert [bearer_key(v) for v in (None, "", "Bearer", "Basic k1", "Bearerk1", "Bearer\tk1")] == [None] * 6

@@ -148,6 +148,41 @@ def test_upstream_invalid_argument_names_the_field(
     assert (error["param"], error["code"], error["message"]) == (param, code, details)
 
 
+MISLEADING = "exceeds max_model_len (64); 'x' is already in flight; does not compile; queue full"
+
+
+@pytest.mark.parametrize(
+    ("refusal", "status", "code"),
+    [
+        ("INVALID_ARGUMENT/INVALID_VALUE", 422, "invalid_value"),
+        ("INVALID_ARGUMENT/OVER_LIMIT", 422, "invalid_value"),
+        ("INVALID_ARGUMENT/CONTEXT_LENGTH_EXCEEDED", 400, "context_length_exceeded"),
+        ("INVALID_ARGUMENT/DUPLICATE_REQUEST_ID", 409, "duplicate_request_id"),
+        ("INVALID_ARGUMENT/DOES_NOT_COMPILE", 422, "invalid_value"),  # 400 only for a constraint's or tool's field
+        ("INVALID_ARGUMENT/A_NEWER_SERVERS_REASON", 422, "invalid_value"),
+        ("RESOURCE_EXHAUSTED/QUEUE_FULL", 429, "rate_limit_exceeded"),
+        ("RESOURCE_EXHAUSTED", 429, "rate_limit_exceeded"),  # gRPC's own (a message over its size limit)
+        ("UNAVAILABLE/NOT_SERVING", 503, "service_unavailable"),
+        ("UNAVAILABLE/CONTEXT_LENGTH_EXCEEDED", 503, "service_unavailable"),  # a reason never crosses codes
+    ],
+)
+def test_the_status_is_the_codes_and_reasons_never_the_words(
+    http: httpx.Client, refusal: str, status: int, code: str
+) -> None:
+    """The upstream's message names every other reason; only the code and the trailing reason count."""
+    body = chat_body(messages=[{"role": "user", "content": f"status:{refusal}:sampling.top_p: {MISLEADING}"}])
+    error = error_of(http.post(CHAT, json=body), status)
+    assert error["code"] == code and MISLEADING in error["message"]
+
+
+def test_the_status_of_a_constraint_field_is_its_reasons(http: httpx.Client) -> None:
+    """A refused regex: 400 when it does not compile, 422 when it is a bad value (too long), whatever it says."""
+    for reason, status in (("DOES_NOT_COMPILE", 400), ("INVALID_VALUE", 422), ("OVER_LIMIT", 422)):
+        content = f"status:INVALID_ARGUMENT/{reason}:sampling.regex: {MISLEADING}"
+        body = chat_body(messages=[{"role": "user", "content": content}], guided_regex="a+")
+        assert error_of(http.post(CHAT, json=body), status)["param"] == "guided_regex"
+
+
 def test_unreachable_upstream_is_503(loop: LoopThread) -> None:
     with running_gateway("127.0.0.1:1", loop) as gateway, httpx.Client(base_url=gateway.url, timeout=30) as http:
         for response in (http.get("/v1/models"), http.post(COMPLETIONS, json=completion_body())):

@@ -1,0 +1,45 @@
+"""An RPC's failure as its status: the code, the message, and the contract's trailing metadata."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from infer.api import ERROR_REASON_KEY, INVALID_FIELD_KEY, ErrorReason
+from infer.engine import InvalidInput, QueueFullError, Refusal
+from infer.server.lifecycle import NotServingError
+from infer.server.status import REASONS, Status, StatusError, status_of
+
+
+def test_every_engine_reason_has_a_word_in_the_contract() -> None:
+    assert set(REASONS) == set(Refusal)
+    assert len(set(REASONS.values())) == len(Refusal)  # no two engine reasons alike on the wire
+
+
+@pytest.mark.parametrize("refusal", list(Refusal))
+def test_bad_input_is_invalid_argument_with_its_field_and_reason(refusal: Refusal) -> None:
+    status = status_of(InvalidInput("sampling.top_p", "any words", refusal))
+    assert (status.code, status.message) == (grpc.StatusCode.INVALID_ARGUMENT, "sampling.top_p: any words")
+    assert status.trailing_metadata == ((INVALID_FIELD_KEY, "sampling.top_p"), (ERROR_REASON_KEY, REASONS[refusal]))
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "reason"),
+    [
+        (ValueError("not an InvalidInput"), grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_VALUE),
+        (QueueFullError("3 requests are waiting"), grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.QUEUE_FULL),
+        (NotServingError("draining"), grpc.StatusCode.UNAVAILABLE, ErrorReason.NOT_SERVING),
+        (StatusError(grpc.StatusCode.CANCELLED, "aborted"), grpc.StatusCode.CANCELLED, None),
+        (RuntimeError("a bug"), grpc.StatusCode.INTERNAL, None),
+    ],
+)
+def test_other_failures_carry_a_reason_only_where_the_code_leaves_one_open(
+    error: Exception, code: grpc.StatusCode, reason: ErrorReason | None
+) -> None:
+    status = status_of(error)
+    assert (status.code, status.reason) == (code, reason)
+    assert status.trailing_metadata == (() if reason is None else ((ERROR_REASON_KEY, reason.value),))
+
+
+def test_a_status_without_reason_or_field_sends_no_metadata() -> None:
+    assert Status(grpc.StatusCode.DEADLINE_EXCEEDED, "late").trailing_metadata == ()
