@@ -1,8 +1,11 @@
-"""Batch invariance of the kernels: a row (a token) computed in a call of 1, 7, 9 or 33 rows is bit-identical.
+"""Batch invariance of the kernels: every row of a call of 7, 9 or 33 rows is bit-identical to that row alone.
 
 A request's tokens must never depend on what else is in its batch. Each op of a backend that promises it
 (the compiled CPU backend) computes a row the same way whatever the number of rows in the call and
-wherever the row sits in it: checked here op by op, with `torch.equal`, not a tolerance.
+wherever the row sits in it: checked here op by op, with `torch.equal`, not a tolerance, for every row of
+each call, so every position of the kernels' full register tiles (4 rows for dense, up to 8 for int4, int5,
+int8g) and of their leftover tiles is compared with the row alone (tests/mutants: a full tile moved by one
+ulp fails here).
 """
 
 from __future__ import annotations
@@ -12,17 +15,29 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from infer.kernels import AttentionSpec, Kernels, RopeConfig, RotaryAngles, cos_sin_cache, select_kernels
+from infer.kernels import (
+    AttentionSpec,
+    Int5Weight,
+    Kernels,
+    RopeConfig,
+    RotaryAngles,
+    cos_sin_cache,
+    pack_int5,
+    select_kernels,
+)
 from tests.helpers.compiled import require_compiled_kernels
 from tests.helpers.paged_batches import metadata, random_tables
 
-ROW_COUNTS = (1, 7, 9, 33)
+# rows in a batched call: a leftover tile alone (7), full tiles and a row left over (9, 33)
+ROW_COUNTS = (7, 9, 33)
+NUM_POOL_ROWS = max(ROW_COUNTS)
 # a weight format: (dtype of x and the float weight, quantization or None); a new format is one more entry
 FORMATS = {
     "fp32": (torch.float32, None),
     "bf16": (torch.bfloat16, None),
     "int8": (torch.float32, "int8"),
     "int4": (torch.float32, "int4"),
+    "int5": (torch.float32, "int5"),
     "int8g": (torch.float32, "int8g"),
 }
 LINEAR_SHAPES = [(960, 576), (576, 1536), (101, 37), (49, 70)]  # (N, K): the default model's, odd tails
@@ -35,14 +50,28 @@ def kernels() -> Callable[[torch.dtype], Kernels]:
 
 
 def rows_alike(op: Callable[[list[int]], torch.Tensor]) -> None:
-    """`op(rows)` (the pool rows to compute, in order) gives row 0 the same bits in calls of every row count.
+    """`op(rows)` (the pool rows to compute, in order) gives every row of a call the bits of that row alone.
 
-    Row 0 comes last in the bigger calls: other rows before it, so it sits at another offset in the call.
+    Each call of n rows (ROW_COUNTS) holds pool rows 1..n-1 then row 0: each row is compared at its position,
+    so rows sit at every position of full tiles and of the leftover one, and row 0 at another offset each time.
     """
-    alone = op([0])[0]
-    for n in ROW_COUNTS[1:]:
-        out = op([*range(1, n), 0])[n - 1]
-        assert torch.equal(out, alone), f"{n} rows: max diff {(out.float() - alone.float()).abs().max().item()}"
+    alone = [op([i])[0] for i in range(NUM_POOL_ROWS)]
+    for n in ROW_COUNTS:
+        rows = [*range(1, n), 0]
+        out = op(rows)
+        for position, row in enumerate(rows):
+            diff = (out[position].float() - alone[row].float()).abs().max().item()
+            assert torch.equal(out[position], alone[row]), f"{n} rows, position {position}: max diff {diff}"
+
+
+def _int5(weight: torch.Tensor) -> Int5Weight:
+    """An int5 weight of `weight`'s shape (Q5_1-like groups of 32): random codes, d and m (GGUF's format)."""
+    n, k = weight.shape
+    gen = torch.Generator().manual_seed(n + k)
+    codes = torch.randint(0, 32, (n, k), generator=gen, dtype=torch.uint8)
+    groups = -(-k // 32)
+    d, m = torch.rand(n, groups, generator=gen) / 16, torch.randn(n, groups, generator=gen) / 4
+    return pack_int5(codes, d, m, torch.float16)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -55,9 +84,9 @@ def test_linear_rows_do_not_depend_on_the_row_count(
     ks = kernels(dtype)
     gen = torch.Generator().manual_seed(n * k)
     weight = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
-    packed = weight if method is None else ks.quantize(weight, method)
+    packed = weight if method is None else _int5(weight) if method == "int5" else ks.quantize(weight, method)
     bias = torch.randn(n, generator=gen).to(dtype) if with_bias else None
-    pool = torch.randn(max(ROW_COUNTS), k, generator=gen).to(dtype)
+    pool = torch.randn(NUM_POOL_ROWS, k, generator=gen).to(dtype)
     with torch.inference_mode():
         rows_alike(lambda rows: ks.linear(pool[rows], packed, bias))
 
@@ -66,7 +95,7 @@ def test_int8_linear_with_bf16_inputs_is_row_invariant(kernels: Callable[[torch.
     ks = kernels(torch.bfloat16)
     gen = torch.Generator().manual_seed(3)
     packed = ks.quantize(torch.randn(200, 96, generator=gen), "int8")
-    pool = torch.randn(max(ROW_COUNTS), 96, generator=gen).bfloat16()
+    pool = torch.randn(NUM_POOL_ROWS, 96, generator=gen).bfloat16()
     with torch.inference_mode():
         rows_alike(lambda rows: ks.linear(pool[rows], packed))
 
@@ -77,7 +106,7 @@ def test_int8_linear_rounds_subnormal_inputs_alike(kernels: Callable[[torch.dtyp
     ks = kernels(torch.float32)
     gen = torch.Generator().manual_seed(4)
     packed = ks.quantize(torch.randn(32, 37, generator=gen), "int8")
-    pool = torch.randn(max(ROW_COUNTS), 37, generator=gen)
+    pool = torch.randn(NUM_POOL_ROWS, 37, generator=gen)
     pool[:, 30:] = 1e-39  # fp32 subnormals: bf16 keeps them, a flush-to-zero conversion does not
     with torch.inference_mode():
         rows_alike(lambda rows: ks.linear(pool[rows], packed))
@@ -89,7 +118,7 @@ def test_norms_and_activations_rows_do_not_depend_on_the_row_count(
 ) -> None:
     ks = kernels(dtype)
     gen = torch.Generator().manual_seed(5)
-    pool = torch.randn(max(ROW_COUNTS), 2, 576, generator=gen).to(dtype)  # [rows, (x, residual), hidden]
+    pool = torch.randn(NUM_POOL_ROWS, 2, 576, generator=gen).to(dtype)  # [rows, (x, residual), hidden]
     weight = torch.randn(576, generator=gen).to(dtype)
     with torch.inference_mode():
         rows_alike(lambda rows: ks.rms_norm(pool[rows, 0], weight, 1e-5))
@@ -105,8 +134,8 @@ def test_rotary_rows_do_not_depend_on_the_row_count(
     ks = kernels(dtype)
     gen = torch.Generator().manual_seed(6)
     cache = cos_sin_cache(RopeConfig(theta=100000.0, rotary_dim=64), 1000)
-    pool = torch.randn(max(ROW_COUNTS), 9, 64, generator=gen).to(dtype)
-    positions = torch.randint(0, 1000, (max(ROW_COUNTS),), generator=gen)
+    pool = torch.randn(NUM_POOL_ROWS, 9, 64, generator=gen).to(dtype)
+    positions = torch.randint(0, 1000, (NUM_POOL_ROWS,), generator=gen)
     with torch.inference_mode():
         rows_alike(lambda rows: ks.apply_rotary(pool[rows], RotaryAngles.lookup(positions[rows], cache)))
 
@@ -119,7 +148,7 @@ def test_attention_rows_do_not_depend_on_the_batch(
     ks = kernels(dtype)
     gen = torch.Generator().manual_seed(7)
     heads, kv_heads, head_dim, bs = 9, 3, 64, 16
-    seq_lens = [int(n) for n in torch.randint(1, 120, (max(ROW_COUNTS),), generator=gen)]
+    seq_lens = [int(n) for n in torch.randint(1, 120, (NUM_POOL_ROWS,), generator=gen)]
     seq_lens[1] = 70  # a prefill chunk of 20 tokens in every call but the first
     query_lens = [20 if i == 1 else 1 for i in range(len(seq_lens))]
     tables = random_tables(seq_lens, bs, sum(-(-n // bs) for n in seq_lens), gen)
