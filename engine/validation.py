@@ -20,20 +20,12 @@ class Refusal(enum.Enum):
     QUEUE_FULL = "queue_full"  # a bounded queue is full: retry later (QueueFullError)
 
 
-# NOTE: a stopgap, the one place that reads words: structured/schema.py's refusals (what the grammar would not
-# enforce) do not pass their reason yet; when they do (`reason=Refusal.DOES_NOT_COMPILE`), delete this
-# (test_gateway_error_reasons.py's xfails say when).
-_UNTAGGED_COMPILE_REFUSAL = "does not compile"
-
-
 class InvalidInput(ValueError):  # noqa: N818 (a ValueError: callers that catch ValueError keep working)
     """Bad input. `field` names it (`sampling.max_tokens`, `messages[1].role`); str() is "field: message";
     `reason` says why, for callers (the message is for people)."""
 
     def __init__(self, field: str, message: str, reason: Refusal = Refusal.INVALID_VALUE) -> None:
         super().__init__(f"{field}: {message}")
-        if reason is Refusal.INVALID_VALUE and message.startswith(_UNTAGGED_COMPILE_REFUSAL):
-            reason = Refusal.DOES_NOT_COMPILE
         self.field, self.message, self.reason = field, message, reason
 
     def within(self, parent: str) -> InvalidInput:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from infer.engine.validation import InvalidInput
+from infer.engine.validation import InvalidInput, Refusal
 
 # keywords that constrain nothing (annotations), and those that tell where the others live
 ANNOTATIONS = frozenset({
@@ -67,12 +67,14 @@ def check_schema(schema: Any, field: str) -> None:
     for path, node in _nodes(schema, field):
         message = _problem(node, path == "#")
         if message is not None:
-            raise InvalidInput(field, f"does not compile: {path}: {message}")
+            raise InvalidInput(field, f"does not compile: {path}: {message}", Refusal.DOES_NOT_COMPILE)
     for path, node in _nodes(schema, field):
         if isinstance(node.get("oneOf"), list) and not _disjoint(schema, node["oneOf"]):
             message = "oneOf is enforced only when no value can match two of its schemas (different types, "
             raise InvalidInput(
-                field, f"does not compile: {path}: {message}or a required property of different const values)"
+                field,
+                f"does not compile: {path}: {message}or a required property of different const values)",
+                Refusal.DOES_NOT_COMPILE,
             )
 
 
@@ -84,7 +86,9 @@ def _nodes(schema: Any, field: str) -> Iterator[tuple[str, dict[str, Any]]]:
         if isinstance(node, bool):
             continue
         if not isinstance(node, dict):
-            raise InvalidInput(field, f"does not compile: {path}: a schema must be an object or a boolean")
+            raise InvalidInput(
+                field, f"does not compile: {path}: a schema must be an object or a boolean", Refusal.DOES_NOT_COMPILE
+            )
         yield path, node
         for key, child in _children(node):
             stack.append((f"{path}/{key}", child))

@@ -36,7 +36,6 @@ REWORDINGS = {
 REFUSED_SCHEMA = {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}  # `not` is not enforced
 TOOL = {"type": "function", "function": {"name": "f", "parameters": REFUSED_SCHEMA}}
 # NOTE: engine/structured/schema.py's refusals carry no reason yet: engine/validation.py tells them by their words
-UNTAGGED = {"schema-that-is-not-enforced", "tool-parameters-not-enforced"}
 
 
 def _chat(*contents: str, **fields: Any) -> dict[str, Any]:
@@ -128,12 +127,7 @@ def _refusal(response: httpx.Response) -> tuple[int, str, str | None]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_refusals_status_does_not_depend_on_its_words(
-    request: pytest.FixtureRequest, http: httpx.Client, words: str | None, case: str
-) -> None:
-    if words is not None and case in UNTAGGED:
-        reason = "engine/structured/schema.py does not pass Refusal.DOES_NOT_COMPILE yet"
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+def test_a_refusals_status_does_not_depend_on_its_words(http: httpx.Client, words: str | None, case: str) -> None:
     path, body, expected = CASES[case]
     response = http.post(path, json={"model": _model(http), **body})
     assert _refusal(response) == expected, response.text
