@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ class Quantization:
         return cls(method, _LM_HEAD_METHOD.get(method, method))
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority", "fair")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -74,6 +76,11 @@ class EngineConfig:
     # N = exactly N
     cpu_threads: int = 0
     kernels: str | None = None  # the kernel backend: auto | torch | cpu | triton; None: INFER_KERNELS, else auto
+    # who goes first when not everyone fits (engine/policy.py): fcfs | priority (the request's, aged) | fair
+    # (weighted fair share across tenants, priority within one); priority and fair preempt for a waiting request
+    scheduling_policy: str = "fcfs"
+    priority_aging_s: float = 10.0  # seconds of waiting worth one priority level (the starvation bound's unit)
+    tenant_weights: tuple[tuple[str, float], ...] = ()  # (tenant, weight) for fair; a tenant not named: 1
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes",
@@ -101,6 +108,7 @@ class EngineConfig:
               "must not hold '@' (the topic's separator)")  # fmt: skip
         check("cpu_threads", self.cpu_threads >= 0, "must be >= 0 (0 = follow the free cores)")
         check("kernels", self.kernels is None or self.kernels in BACKENDS, f"must be one of {', '.join(BACKENDS)}")
+        self._check_scheduling()
         if not self.enable_chunked_prefill:
             check("max_num_batched_tokens", self.max_num_batched_tokens >= self.max_model_len,
                    "must be >= max_model_len when chunked prefill is off")  # fmt: skip
@@ -108,6 +116,19 @@ class EngineConfig:
             torch.device(self.device)
         except RuntimeError:
             raise ValueError(f"device: {self.device!r} is not a torch device") from None
+
+    def _check_scheduling(self) -> None:
+        weights: Any = self.tenant_weights  # a mapping is taken too; kept as a tuple of pairs (hashable)
+        pairs = weights.items() if isinstance(weights, Mapping) else weights
+        object.__setattr__(self, "tenant_weights", tuple((str(t), float(w)) for t, w in pairs))
+        policy = self.scheduling_policy
+        check("scheduling_policy", policy in SCHEDULING_POLICIES, f"must be one of {', '.join(SCHEDULING_POLICIES)}")
+        check("scheduling_policy", policy == "fcfs" or self.batching == "continuous", "needs batching=continuous")
+        check("priority_aging_s", self.priority_aging_s > 0, "must be > 0")
+        names = [t for t, _ in self.tenant_weights]
+        unique = len(set(names)) == len(names)
+        check("tenant_weights", all(names) and unique, "tenant names must be non-empty, once each")
+        check("tenant_weights", all(0 < w < float("inf") for _, w in self.tenant_weights), "weights must be > 0")
 
     def for_model(self, max_position_embeddings: int) -> EngineConfig:
         """This config with max_model_len settled for a model: 0 becomes min(2048, the model's); a larger

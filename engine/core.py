@@ -108,12 +108,14 @@ class EngineCore:
         full."""
         self.submit(request_id, self.processor.process(Prompt(token_ids=prompt_token_ids), params), sink)
 
-    def submit(self, request_id: str, processed: ProcessedInput, sink: Sink) -> None:
+    def submit(self, request_id: str, processed: ProcessedInput, sink: Sink, tenant: str | None = None) -> None:
         """Enqueue a request the input processor checked (nothing is checked again); QueueFullError when the
-        queue is full."""
+        queue is full. `tenant`: who asks, as the caller named it (None: the default tenant)."""
         ids, params = processed.prompt_token_ids, processed.params
         detokenizer = self.output.detokenizer(ids, params)
         request = LiveRequest(request_id, list(ids), params, time.monotonic(), sink=sink, detokenizer=detokenizer)
+        if tenant is not None:
+            request.tenant = tenant
         if params.constraint is not None:
             request.grammar = self.structured.grammar(params.constraint)  # compiles off this thread from now
         try:

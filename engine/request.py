@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from infer.engine.tools.parsers import ToolCallDelta
 
 
+DEFAULT_TENANT = "default"  # a request's tenant when its caller names none
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -51,6 +54,7 @@ class Request:
     draft_token_ids: list[int] = field(default_factory=list)  # speculative tokens to verify next step
     num_draft_tokens: int = 0  # drafts verified so far
     num_accepted_tokens: int = 0  # of which accepted
+    tenant: str = DEFAULT_TENANT  # who asks (the server's API key name or header), for the fair policy
 
     @property
     def is_ready(self) -> bool:

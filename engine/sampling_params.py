@@ -13,6 +13,8 @@ from infer.engine.validation import check
 # to these minimums (docs/api.md), which sample as good as greedily.
 MIN_TEMPERATURE = 0.01
 MIN_REPETITION_PENALTY = 0.01
+# scheduling priority, lower is sooner (vLLM's sense; the `priority` and `fair` policies read it: engine/policy.py)
+MIN_PRIORITY, MAX_PRIORITY = -20, 20
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     constraint: Constraint | None = None  # the output must match it (JSON schema, regex, grammar, choice)
     speculative_tokens: int | None = None  # n-gram drafts per step, at most; None = the engine's; 0 = off
+    priority: int = 0  # lower is sooner, under the priority and fair policies (fcfs ignores it)
 
     def __post_init__(self) -> None:
         # accept lists from callers; keep the dataclass hashable
@@ -58,6 +61,8 @@ class SamplingParams:
         spec = self.speculative_tokens
         check("speculative_tokens", spec is None or 0 <= spec <= MAX_SPECULATIVE_TOKENS,
               f"must be in [0, {MAX_SPECULATIVE_TOKENS}] (0 = off)")  # fmt: skip
+        ok = isinstance(self.priority, int) and MIN_PRIORITY <= self.priority <= MAX_PRIORITY
+        check("priority", ok, f"must be an integer in [{MIN_PRIORITY}, {MAX_PRIORITY}] (lower is sooner)")
         if 0.0 < self.temperature < MIN_TEMPERATURE:
             object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         if self.repetition_penalty < MIN_REPETITION_PENALTY:

@@ -3,9 +3,16 @@
 There is no prefill phase and no decode phase: each request has computed
 `num_computed_tokens` of its `num_tokens` and wants to catch up. A step hands
 out tokens under one budget: running decodes first, then prefill chunks in
-progress, then waiting requests FCFS. When a running request cannot get a
-block, the most recently admitted running request is preempted and later
-recomputed. The output is plain data; the scheduler never touches tensors.
+progress, then waiting requests. When a running request cannot get a
+block, a running request is preempted and later recomputed. The output is
+plain data; the scheduler never touches tensors.
+
+Under `fcfs` (the default) waiting requests are admitted in arrival order
+and the most recently admitted running request is the one preempted. Under
+`priority` and `fair` a `Policy` (engine/policy.py) orders the admissions,
+picks the running request that yields (the least deserving), and lets a more
+deserving waiting request preempt it when there is no room (sequences or KV
+blocks); the fcfs path never consults it.
 
 The scheduler is the one owner of request state: `requests` is the table,
 and the waiting and running queues are ordered ids into it. A request enters
@@ -22,6 +29,7 @@ from typing import Generic, TypeVar
 
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
+from infer.engine.policy import Policy
 from infer.engine.request import Request, RequestStatus
 
 R = TypeVar("R", bound=Request)  # what the table holds: the core hangs its own companions on a request
@@ -65,7 +73,8 @@ class Scheduler(Generic[R]):
         self.config, self.blocks = config, block_manager
         self.requests: dict[str, R] = {}  # the request table
         self._waiting: deque[str] = deque()  # FCFS; a preempted request goes back first
-        self._running: dict[str, None] = {}  # admission order: the last is preempted first
+        self._running: dict[str, None] = {}  # admission order: the last is preempted first (fcfs)
+        self.policy = Policy(config) if config.scheduling_policy != "fcfs" else None
 
     # views of the table
     @property
@@ -96,6 +105,8 @@ class Scheduler(Generic[R]):
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self._waiting.append(request.request_id)
+        if self.policy is not None:
+            self.policy.enter(request)
 
     def finish(self, request_id: str) -> R:
         """Remove a request (finished or aborted) from the table and free its blocks."""
@@ -106,6 +117,8 @@ class Scheduler(Generic[R]):
         elif request.status is RequestStatus.WAITING:
             self._waiting.remove(request_id)
         request.status = RequestStatus.FINISHED
+        if self.policy is not None:
+            self.policy.leave(request)
         return request
 
     # the step
@@ -113,7 +126,10 @@ class Scheduler(Generic[R]):
         step = _Step(self.config.max_num_batched_tokens)
         self._schedule_running(step)
         if not step.preempted and self._may_admit(now_s):
-            self._schedule_waiting(step, now_s)
+            if self.policy is None:
+                self._schedule_waiting(step, now_s)
+            else:
+                self._schedule_waiting_by_policy(self.policy, step, now_s)
         out = SchedulerOutput(step.scheduled, tuple(step.preempted), step.drafts)
         assert out.total_tokens <= self.config.max_num_batched_tokens
         assert len(out.num_scheduled_tokens) <= self.config.max_num_seqs
@@ -128,6 +144,10 @@ class Scheduler(Generic[R]):
         for request_id, token_ids in sampled.items():
             if request_id in self.requests:
                 self.requests[request_id].output_token_ids.extend(token_ids)
+        if self.policy is not None:
+            for request_id, token_ids in sampled.items():
+                if request_id in self.requests:
+                    self.policy.charge(self.requests[request_id], len(token_ids))  # output tokens served
         for request_id, num_tokens in output.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
@@ -161,7 +181,7 @@ class Scheduler(Generic[R]):
         if num_drafts and not self.blocks.can_append(request.request_id, request.num_computed_tokens + num_tokens):
             num_tokens, num_drafts = num_tokens - num_drafts, 0  # drafts never preempt anyone
         while not self.blocks.can_append(request.request_id, request.num_computed_tokens + num_tokens):
-            victim = self.requests[next(reversed(self._running))]
+            victim = self._victim()
             self._preempt(victim, step)
             if victim is request:
                 return
@@ -170,6 +190,12 @@ class Scheduler(Generic[R]):
         step.budget_tokens -= num_tokens
         if num_drafts:
             step.drafts[request.request_id] = tuple(drafts[:num_drafts])
+
+    def _victim(self) -> R:
+        """The running request that yields: the last admitted (fcfs), else the policy's least deserving."""
+        if self.policy is None:
+            return self.requests[next(reversed(self._running))]
+        return self.policy.victim(self.running)
 
     def _preempt(self, request: R, step: _Step) -> None:
         # free everything; the request recomputes prompt + output later, first in line
@@ -209,8 +235,38 @@ class Scheduler(Generic[R]):
                 break  # FCFS: nobody overtakes the head of the queue
             self._admit(request, admission, step, now_s)  # takes it out of the queue: i is the next one
 
+    def _schedule_waiting_by_policy(self, policy: Policy, step: _Step, now_s: float) -> None:
+        # the most deserving first; with no room (sequences, blocks) it preempts the least deserving running
+        # request if that one is less deserving; a request that waits for budget only waits for the next step
+        for request in policy.admission_order([r for r in self.waiting if r.is_ready]):
+            admission = self._plan(request, step.budget_tokens) if step.budget_tokens else None
+            while admission is not None and not self._has_room(admission):
+                victim = policy.victim_for(request, self.running)
+                if victim is None:
+                    return  # nobody overtakes the most deserving request
+                self._preempt(victim, step)
+                admission = self._plan(request, step.budget_tokens)
+            if admission is None:
+                return
+            is_new = request.first_scheduled_s is None
+            self._admit(request, admission, step, now_s)
+            if is_new:
+                policy.charge(request, request.num_prompt_tokens)  # prompt tokens served, once
+
+    def _has_room(self, admission: _Admission) -> bool:
+        return len(self._running) < self.config.max_num_seqs and self.blocks.can_allocate(
+            admission.cached_blocks, admission.num_reserved_tokens
+        )
+
     def _can_admit(self, request: R, budget_tokens: int) -> _Admission | None:
         """What admitting `request` now takes, or None when the budget or the free blocks do not allow it."""
+        admission = self._plan(request, budget_tokens)
+        if admission is None or not self.blocks.can_allocate(admission.cached_blocks, admission.num_reserved_tokens):
+            return None
+        return admission
+
+    def _plan(self, request: R, budget_tokens: int) -> _Admission | None:
+        """What admitting `request` would take, or None when the budget does not allow it (blocks unchecked)."""
         cfg = self.config
         cached = self.blocks.find_cached_prefix(request.all_token_ids)
         num_cached = len(cached) * self.blocks.block_size
@@ -218,8 +274,6 @@ class Scheduler(Generic[R]):
         if num_tokens < request.num_tokens - num_cached and not cfg.enable_chunked_prefill:
             return None
         reserve = cfg.max_model_len if cfg.kv_reserve == "full" else num_cached + num_tokens
-        if not self.blocks.can_allocate(cached, reserve):
-            return None
         return _Admission(cached, num_cached, num_tokens, reserve)
 
     def _admit(self, request: R, admission: _Admission, step: _Step, now_s: float) -> None:

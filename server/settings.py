@@ -126,6 +126,19 @@ def _str_or_off(text: str) -> str | None:
     return None if text.lower() in ("", "off", "none") else text
 
 
+def _tenant_weights(text: str) -> tuple[tuple[str, float], ...]:
+    """`name=weight,name=weight` (none or empty: every tenant weighs 1)."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    pairs = []
+    for item in text.split(","):
+        name, sep, weight = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"tenant_weights: {item.strip()!r} is not name=weight")
+        pairs.append((name.strip(), float(weight)))
+    return tuple(pairs)
+
+
 def _bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -320,6 +333,25 @@ SETTINGS: tuple[Setting, ...] = (
         "PyTorch references), torch (the references), cpu, triton",
         choices=BACKENDS,
     ),
+    Setting(
+        "scheduling_policy",
+        str,
+        "who goes first when not everyone fits: fcfs (arrival order), priority (the request's priority, lower is "
+        "sooner, aged by priority_aging_s), fair (weighted fair share of tokens across tenants, priority within "
+        "one); priority and fair preempt a less deserving running request for a waiting one (docs/architecture.md)",
+        choices=("fcfs", "priority", "fair"),  # EngineConfig checks the same names
+    ),
+    Setting(
+        "priority_aging_s",
+        float,
+        "priority and fair: seconds of waiting worth one priority level; no request that arrives more than "
+        "(its priority + 20) x this after a request outranks it",
+    ),
+    Setting(
+        "tenant_weights",
+        _tenant_weights,
+        "fair: each tenant's weight, name=weight comma-separated (a tenant not named weighs 1)",
+    ),
 )
 
 
@@ -365,6 +397,8 @@ def _show(value: Any) -> str:
         return "none"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, tuple):  # tenant_weights
+        return ",".join(f"{k}={v:g}" for k, v in value) or "none"
     return str(value)
 
 

@@ -58,7 +58,8 @@ def test_every_sampling_field_is_carried() -> None:
     assert params == SamplingParams(**values)
     proto_only = {"max_tokens_from_context"}  # becomes max_tokens None (test below)
     carried = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields} - set(CONSTRAINT_FIELDS) - proto_only
-    assert carried | {"constraint"} == set(SamplingParams.__dataclass_fields__)
+    not_yet = {"priority"}  # NOTE: issue 30's engine side is in; the proto field comes with its server wiring
+    assert carried | {"constraint"} | not_yet == set(SamplingParams.__dataclass_fields__)
 
 
 def test_max_tokens_from_context_leaves_max_tokens_to_the_engine() -> None:

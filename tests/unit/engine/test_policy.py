@@ -1,0 +1,96 @@
+"""The priority and fair policies alone: standing and aging, the tenants' counters, who yields to whom."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from infer.engine.config import EngineConfig
+from infer.engine.policy import MIN_PRIORITY, Policy
+from infer.engine.request import DEFAULT_TENANT, Request
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.validation import InvalidInput
+
+
+def policy(name: str = "fair", **settings: Any) -> Policy:
+    return Policy(EngineConfig(scheduling_policy=name, max_model_len=64, **settings))
+
+
+def req(rid: str, tenant: str = DEFAULT_TENANT, priority: int = 0, arrival_s: float = 0.0) -> Request:
+    r = Request(rid, [1, 2, 3], SamplingParams(priority=priority), arrival_s)
+    r.tenant = tenant
+    return r
+
+
+def test_standing_is_arrival_plus_priority_levels_of_aging() -> None:
+    p = policy("priority", priority_aging_s=10.0)
+    early_low, late_high = req("a", priority=2, arrival_s=0.0), req("b", priority=0, arrival_s=15.0)
+    assert p.standing(early_low) == 20.0 and p.standing(late_high) == 15.0
+    assert [r.request_id for r in p.admission_order([early_low, late_high])] == ["b", "a"]
+    # the aging bound: nothing arriving more than (2 - MIN_PRIORITY) * 10 s after `a` outranks it
+    newcomer = req("c", priority=MIN_PRIORITY, arrival_s=(2 - MIN_PRIORITY) * 10.0 + 0.001)
+    assert p.standing(newcomer) > p.standing(early_low)
+    assert not p.may_preempt(newcomer, early_low) and p.may_preempt(late_high, early_low)
+
+
+def test_fair_serves_the_tenant_with_the_least_weighted_service() -> None:
+    p = policy(tenant_weights=(("a", 2.0),))
+    a1, a2, b1 = req("a1", "a"), req("a2", "a", arrival_s=1.0), req("b1", "b", arrival_s=2.0)
+    for r in (a1, a2, b1):
+        p.enter(r)
+    p.charge(a1, 10)  # a: 10 tokens at weight 2 -> 5
+    p.charge(b1, 6)  # b: 6 at weight 1 -> 6
+    assert p.counters == {"a": 5.0, "b": 6.0}
+    order = p.admission_order([b1, a2])
+    assert next(order) is a2
+    p.charge(a2, 4)  # a: 7 now: b next
+    assert next(order) is b1
+    assert p.victim([a1, b1]) is a1  # the tenant most ahead (a: 7 > 6) yields
+
+
+def test_a_newcomer_starts_at_the_active_minimum_and_an_idle_engine_forgets() -> None:
+    p = policy()
+    a = req("a", "a")
+    p.enter(a)
+    p.charge(a, 500)
+    b = req("b", "b")
+    p.enter(b)
+    assert p.counters["b"] == 500.0  # not owed 500 tokens of back-service
+    p.leave(a)
+    assert "a" not in p.counters  # at the active minimum: it would be lifted anyway
+    p.leave(b)
+    assert p.counters == {} and p.idle_level == 500.0
+    c = req("c", "c")
+    p.enter(c)
+    assert p.counters == {"c": 500.0}
+
+
+def test_cross_tenant_preemption_needs_a_lead_of_more_than_a_request() -> None:
+    p = policy()  # max_model_len 64: the margin
+    running, waiting, same = req("r", "a", arrival_s=0.0), req("w", "b", arrival_s=5.0), req("s", "a", priority=-1)
+    for r in (running, waiting, same):
+        p.enter(r)
+    p.charge(running, 64)
+    assert not p.may_preempt(waiting, running)  # a is ahead by 64: not more than a request's worth
+    p.charge(running, 1)
+    assert p.may_preempt(waiting, running)
+    assert p.may_preempt(same, running)  # within a tenant, by standing
+
+
+def test_priority_is_bounded_and_the_scheduling_settings_checked() -> None:
+    with pytest.raises(InvalidInput, match="priority"):
+        SamplingParams(priority=21)
+    with pytest.raises(InvalidInput, match="priority"):
+        SamplingParams(priority=1.5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="scheduling_policy"):
+        EngineConfig(scheduling_policy="lottery")
+    with pytest.raises(InvalidInput, match="scheduling_policy"):
+        EngineConfig(scheduling_policy="fair", batching="static")
+    with pytest.raises(InvalidInput, match="tenant_weights"):
+        EngineConfig(tenant_weights=(("a", 0.0),))
+    with pytest.raises(InvalidInput, match="tenant_weights"):
+        EngineConfig(tenant_weights=(("a", 1.0), ("a", 2.0)))
+    with pytest.raises(InvalidInput, match="priority_aging_s"):
+        EngineConfig(priority_aging_s=0)
+    assert EngineConfig(tenant_weights={"a": 2}).tenant_weights == (("a", 2.0),)  # a mapping is taken too
