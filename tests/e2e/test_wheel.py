@@ -24,24 +24,40 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infer.kernels import cpu
+from tests.helpers.compiled import require_compiled_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of France?"
 ANSWER = "The capital of France is Paris."
+# pyproject.toml's package-dir: a folder of the tree -> its place in the installed `infer`
+PACKAGE_DIRS = {"infer": "", **{name: f"{name}/" for name in ("api", "engine", "kernels", "server", "clients")}}
 
 
-def _copy_tracked_files(dest: Path) -> None:
-    """What a fresh clone holds: the tracked files (and new ones not ignored), nothing built."""
+def _tree_files() -> list[str]:
+    """What a fresh clone holds: the tracked files (and new ones not ignored, less deleted ones), nothing built."""
     listing = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT, capture_output=True, check=True,
     )  # fmt: skip
-    for name in filter(None, listing.stdout.decode().split("\0")):
-        source = ROOT / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
+    return [name for name in listing.stdout.decode().split("\0") if name and (ROOT / name).is_file()]
+
+
+def _package_files() -> set[str]:
+    """What the installed `infer` must hold, relative to it: every module and stub of the package folders, the
+    compiled kernels' C++ sources (built where the wheel is installed) and py.typed."""
+    files = set()
+    for name in _tree_files():
+        top, _, rest = name.partition("/")
+        shipped = name.endswith((".py", ".pyi")) or name == "infer/py.typed"
+        if top in PACKAGE_DIRS and (shipped or (top == "kernels" and rest.startswith("csrc/"))):
+            files.add(PACKAGE_DIRS[top] + rest)
+    return files
+
+
+def _copy_tracked_files(dest: Path) -> None:
+    for name in _tree_files():
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, dest / name)
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +84,23 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def test_the_wheel_carries_what_runs(wheel_env: Path, tmp_path: Path) -> None:
-    code = "import infer, infer.kernels.cpu as c; print(infer.__file__); print([p.name for p in c.CSRC_DIR.iterdir()])"
+    """The installed package holds exactly the tree's modules and kernel sources: one missing (a subpackage not
+    listed in pyproject.toml, a source left out of the package data) or one too many fails."""
+    code = (
+        "import infer, pathlib\n"
+        "root = pathlib.Path(infer.__file__).parent\n"
+        "print(root)\n"
+        "for p in sorted(root.rglob('*')):\n"
+        "    if p.is_file() and '__pycache__' not in p.parts: print(p.relative_to(root).as_posix())\n"
+    )
     run = subprocess.run([wheel_env / "python", "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    location, sources = run.stdout.splitlines()
+    location, *installed = run.stdout.splitlines()
     assert Path(location).is_relative_to(wheel_env.parent), f"infer imported from {location}, not the wheel"
-    assert all(name in sources for name in cpu.SOURCES)
+    expected = _package_files()
+    assert {"kernels/csrc/dense_linear.cpp", "kernels/csrc/common.h", "py.typed"} <= expected  # the listing works
+    missing, extra = sorted(expected - set(installed)), sorted(set(installed) - expected)
+    assert set(installed) == expected, f"missing from the wheel: {missing}; not in the tree: {extra}"
 
 
 class Served:
@@ -115,6 +142,7 @@ def served(wheel_env: Path, default_model_dir: Path, tmp_path: Path) -> Iterator
 
 
 def test_the_installed_wheel_serves_a_greedy_answer(served: Served, default_model_dir: Path) -> None:
+    require_compiled_kernels()  # built for this checkout (`make test` builds them first): the wheel finds the same
     base = served.wait_until_serving(timeout_s=180)
     messages = [{"role": "user", "content": QUESTION}]
     body = {"model": default_model_dir.name, "messages": messages, "max_tokens": 16, "temperature": 0}
@@ -124,8 +152,7 @@ def test_the_installed_wheel_serves_a_greedy_answer(served: Served, default_mode
     served.proc.send_signal(signal.SIGTERM)
     assert served.proc.wait(60) == 0
     log = "".join(served.log)
-    if cpu.load():  # built for this checkout (`make test` builds them first): the wheel finds the same build
-        assert "compiled CPU kernels loaded from" in log, log
+    assert "compiled CPU kernels loaded from" in log, log
 
 
 def test_without_a_build_the_wheel_runs_the_references_and_says_so_once(
