@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         probe = repack_probe(log_dir, smollm2_gguf())
         llama_flags = probe.flags
-        notes += probe.notes
+        notes += probe.notes()
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     rounds: list[dict[str, Any]] = []
     for i in range(args.rounds):
