@@ -18,7 +18,7 @@ from hypothesis import event, given
 from infer.api import pb, pb_grpc
 from tests.fuzz.strategies import chat_bodies, completion_bodies, generate_requests
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import LoopThread, running_gateway
+from tests.unit.server.gateway.gateway_helpers import gateway_client
 
 pytestmark = pytest.mark.fuzz
 REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -39,10 +39,8 @@ def stub(server: ServerThread) -> Iterator[pb_grpc.InferenceServiceStub]:
 
 @pytest.fixture(scope="module")
 def http(server: ServerThread) -> Iterator[httpx.Client]:
-    loop = LoopThread()
-    with running_gateway(server.address, loop) as gateway, httpx.Client(base_url=gateway.url, timeout=30) as client:
+    with gateway_client(server.address, timeout_s=30) as client:
         yield client
-    loop.close()
 
 
 def _check_stream(responses: list[pb.GenerateResponse]) -> None:

@@ -37,7 +37,7 @@ from tests.fuzz.schemas import (
 from tests.fuzz.strategies import examples
 from tests.helpers.fake_engine import FakeRunner
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import LoopThread, running_gateway
+from tests.unit.server.gateway.gateway_helpers import gateway_client
 
 pytestmark = pytest.mark.fuzz
 MODEL = "fake"
@@ -67,10 +67,8 @@ def stub(server: ServerThread) -> Iterator[pb_grpc.InferenceServiceStub]:
 
 @pytest.fixture(scope="module")
 def http(server: ServerThread) -> Iterator[httpx.Client]:
-    loop = LoopThread()
-    with running_gateway(server.address, loop) as gateway, httpx.Client(base_url=gateway.url, timeout=60) as client:
+    with gateway_client(server.address) as client:
         yield client
-    loop.close()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,12 @@ import pytest
 
 from tests.helpers.fake_engine import FakeRunner
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import LoopThread, error_of, running_gateway, sse_data
+from tests.unit.server.gateway.gateway_helpers import (
+    error_of,
+    first_model,
+    gateway_client,
+    sse_data,
+)
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -33,22 +38,14 @@ def server() -> Iterator[ServerThread]:
 
 @pytest.fixture(scope="module")
 def http(server: ServerThread) -> Iterator[httpx.Client]:
-    loop = LoopThread()
-    try:
-        with running_gateway(server.address, loop) as gateway, httpx.Client(base_url=gateway.url, timeout=60) as c:
-            yield c
-    finally:
-        loop.close()
+    with gateway_client(server.address) as client:
+        yield client
 
 
 @pytest.fixture(autouse=True)
 def engine_idle_after(server: ServerThread) -> Iterator[None]:
     yield
     server.wait_idle()
-
-
-def _model(http: httpx.Client) -> str:
-    return str(http.get("/v1/models").json()["data"][0]["id"])
 
 
 def _strict_json(text: str) -> Any:
@@ -60,7 +57,7 @@ def _strict_json(text: str) -> Any:
 
 @pytest.mark.parametrize("max_tokens", [4, None], ids=["max_tokens", "room-left"])  # None: the gateway tokenizes
 def test_a_chat_over_the_message_bound_is_400_naming_it(http: httpx.Client, max_tokens: int | None) -> None:
-    body: dict[str, Any] = {"model": _model(http), "messages": [{"role": "user", "content": ""}] * 20_000}
+    body: dict[str, Any] = {"model": first_model(http), "messages": [{"role": "user", "content": ""}] * 20_000}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     error = error_of(http.post(CHAT, json=body), 400)
@@ -69,7 +66,7 @@ def test_a_chat_over_the_message_bound_is_400_naming_it(http: httpx.Client, max_
 
 
 def test_a_prompt_over_the_character_bound_is_400_naming_it(http: httpx.Client) -> None:
-    body = {"model": _model(http), "prompt": "x" * 5000, "max_tokens": 2}  # the bound: 16 x 255 characters
+    body = {"model": first_model(http), "prompt": "x" * 5000, "max_tokens": 2}  # the bound: 16 x 255 characters
     error = error_of(http.post(COMPLETIONS, json=body), 400)
     assert error["code"] == "context_length_exceeded"
     assert error["message"].startswith("prompt: 5000 characters exceeds max_prompt_chars (4080; ")
@@ -77,7 +74,7 @@ def test_a_prompt_over_the_character_bound_is_400_naming_it(http: httpx.Client) 
 
 def test_a_tiny_temperature_answers_like_greedy(http: httpx.Client) -> None:
     def text(temperature: float) -> str:
-        body = {"model": _model(http), "prompt": "Hello world", "max_tokens": 6, "temperature": temperature,
+        body = {"model": first_model(http), "prompt": "Hello world", "max_tokens": 6, "temperature": temperature,
                 "ignore_eos": True, "seed": 3}  # fmt: skip
         response = http.post(COMPLETIONS, json=body)
         assert response.status_code == 200, response.text
@@ -88,7 +85,7 @@ def test_a_tiny_temperature_answers_like_greedy(http: httpx.Client) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_a_tiny_repetition_penalty_gives_finite_logprobs(http: httpx.Client, stream: bool) -> None:
-    body = {"model": _model(http), "messages": [{"role": "user", "content": "Hello world, the capital"}],
+    body = {"model": first_model(http), "messages": [{"role": "user", "content": "Hello world, the capital"}],
             "max_tokens": 5, "repetition_penalty": 1e-300, "logprobs": True, "top_logprobs": 3, "stream": stream,
             "ignore_eos": True}  # fmt: skip
     response = http.post(CHAT, json=body)

@@ -23,7 +23,7 @@ from infer.engine import InvalidInput, QueueFullError
 from infer.engine.core import EngineCore
 from tests.helpers.fake_engine import FakeRunner
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import LoopThread, running_gateway, wait_for
+from tests.unit.server.gateway.gateway_helpers import first_model, gateway_client, wait_for
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -85,12 +85,8 @@ def server() -> Iterator[ServerThread]:
 
 @pytest.fixture(scope="module")
 def http(server: ServerThread) -> Iterator[httpx.Client]:
-    loop = LoopThread()
-    try:
-        with running_gateway(server.address, loop) as gateway, httpx.Client(base_url=gateway.url, timeout=60) as c:
-            yield c
-    finally:
-        loop.close()
+    with gateway_client(server.address) as client:
+        yield client
 
 
 @pytest.fixture(autouse=True)
@@ -117,10 +113,6 @@ def words(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
     return words
 
 
-def _model(http: httpx.Client) -> str:
-    return str(http.get("/v1/models").json()["data"][0]["id"])
-
-
 def _refusal(response: httpx.Response) -> tuple[int, str, str | None]:
     error = response.json()["error"]
     return response.status_code, error["code"], error["param"]
@@ -129,7 +121,7 @@ def _refusal(response: httpx.Response) -> tuple[int, str, str | None]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_refusals_status_does_not_depend_on_its_words(http: httpx.Client, words: str | None, case: str) -> None:
     path, body, expected = CASES[case]
-    response = http.post(path, json={"model": _model(http), **body})
+    response = http.post(path, json={"model": first_model(http), **body})
     assert _refusal(response) == expected, response.text
     if words is not None:
         assert words in response.json()["error"]["message"]  # the engine's words reached the client
@@ -173,7 +165,7 @@ def test_a_duplicate_id_and_a_full_queue_keep_their_status(
     http: httpx.Client, words: str | None, stalled: EngineCore
 ) -> None:
     def post(request_id: str) -> Callable[[], httpx.Response]:
-        body = {"model": _model(http), **_completion("Hello")}
+        body = {"model": first_model(http), **_completion("Hello")}
         return lambda: http.post(COMPLETIONS, json=body, headers={"X-Request-Id": request_id})
 
     runner = stalled.runner

@@ -14,7 +14,7 @@ import pytest
 from infer.api import pb, pb_grpc
 from tests.helpers.fake_engine import FakeRunner
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import LoopThread, error_of, running_gateway
+from tests.unit.server.gateway.gateway_helpers import error_of, first_model, gateway_client
 
 MAX_MODEL_LEN = 1024
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
@@ -38,22 +38,14 @@ def server() -> Iterator[ServerThread]:
 
 @pytest.fixture(scope="module")
 def http(server: ServerThread) -> Iterator[httpx.Client]:
-    loop = LoopThread()
-    try:
-        with running_gateway(server.address, loop) as gateway, httpx.Client(base_url=gateway.url, timeout=60) as c:
-            yield c
-    finally:
-        loop.close()
+    with gateway_client(server.address) as client:
+        yield client
 
 
 @pytest.fixture(autouse=True)
 def engine_idle_after(server: ServerThread) -> Iterator[None]:
     yield
     server.wait_idle()
-
-
-def _model(http: httpx.Client) -> str:
-    return str(http.get("/v1/models").json()["data"][0]["id"])
 
 
 def _prefilled(server: ServerThread, path: str, http: httpx.Client, body: dict[str, Any]) -> list[int]:
@@ -69,7 +61,7 @@ def _prefilled(server: ServerThread, path: str, http: httpx.Client, body: dict[s
 
 
 def test_a_completion_renders_the_tokens_a_completion_prefills(server: ServerThread, http: httpx.Client) -> None:
-    body = {"model": _model(http), "prompt": ["Hello world, the capital", "of France"], "temperature": 0.5}
+    body = {"model": first_model(http), "prompt": ["Hello world, the capital", "of France"], "temperature": 0.5}
     response = http.post("/v1/completions/render", json=body, headers={"X-Request-Id": "r1"})
     assert response.status_code == 200, response.text
     first, second = response.json()
@@ -82,14 +74,14 @@ def test_a_completion_renders_the_tokens_a_completion_prefills(server: ServerThr
 
 
 def test_token_ids_render_as_they_are(http: httpx.Client) -> None:
-    (rendered,) = http.post("/v1/completions/render", json={"model": _model(http), "prompt": [5, 6, 7]}).json()
+    (rendered,) = http.post("/v1/completions/render", json={"model": first_model(http), "prompt": [5, 6, 7]}).json()
     assert rendered["token_ids"] == [5, 6, 7] and rendered["prompt"] is None
 
 
 def test_a_chat_with_tools_renders_the_tokens_a_chat_completion_prefills(
     server: ServerThread, http: httpx.Client
 ) -> None:
-    body = {"model": _model(http), "messages": CHAT, "tools": TOOLS, "stream": True,
+    body = {"model": first_model(http), "messages": CHAT, "tools": TOOLS, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     response = http.post("/v1/chat/completions/render", json=body)
     assert response.status_code == 200, response.text
@@ -104,7 +96,7 @@ def test_a_chat_with_tools_renders_the_tokens_a_chat_completion_prefills(
 
 
 def test_render_agrees_with_grpc_tokenize(server: ServerThread, http: httpx.Client) -> None:
-    body = {"model": _model(http), "messages": CHAT[1:2]}
+    body = {"model": first_model(http), "messages": CHAT[1:2]}
     rendered = http.post("/v1/chat/completions/render", json=body).json()
     with grpc.insecure_channel(server.address) as channel:
         messages = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="Hello world")])
@@ -122,7 +114,7 @@ def test_render_agrees_with_grpc_tokenize(server: ServerThread, http: httpx.Clie
     ids=["prompt", "max_tokens", "chat"],
 )
 def test_a_render_over_the_context_is_the_400_of_a_completion(http: httpx.Client, path: str, body: dict) -> None:
-    body = {"model": _model(http), **body}
+    body = {"model": first_model(http), **body}
     error = error_of(http.post(path + "/render", json=body), 400)
     assert "exceeds max_model_len" in error["message"]
     assert error == error_of(http.post(path, json=body), 400)
@@ -134,7 +126,7 @@ def test_bad_requests_are_refused_as_elsewhere(http: httpx.Client, path: str) ->
     assert error_of(http.post(path, json=body), 404)["code"] == "model_not_found"
     bad_json = http.post(path, content=b"{not json", headers={"Content-Type": "application/json"})
     assert error_of(bad_json, 400)["code"] == "invalid_json"
-    assert error_of(http.post(path, json={"model": _model(http)}), 422)["param"] in ("prompt", "messages")
+    assert error_of(http.post(path, json={"model": first_model(http)}), 422)["param"] in ("prompt", "messages")
 
 
 def test_grpc_tokenize_with_sampling_checks_as_generate_does(server: ServerThread) -> None:

@@ -17,7 +17,7 @@ from infer.api import pb, pb_grpc
 from infer.engine.core import EngineCore
 from tests.helpers.fake_engine import FakeRunner
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import LoopThread, error_of, running_gateway, wait_for
+from tests.unit.server.gateway.gateway_helpers import error_of, gateway_client, wait_for
 
 COMPLETIONS = "/v1/completions"
 
@@ -30,12 +30,8 @@ def server() -> Iterator[ServerThread]:
 
 @pytest.fixture(scope="module")
 def http(server: ServerThread) -> Iterator[httpx.Client]:
-    loop = LoopThread()
-    try:
-        with running_gateway(server.address, loop) as gateway, httpx.Client(base_url=gateway.url, timeout=30) as c:
-            yield c
-    finally:
-        loop.close()
+    with gateway_client(server.address, timeout_s=30) as client:
+        yield client
 
 
 @pytest.fixture

@@ -66,6 +66,22 @@ def running_gateway(upstream: str, loop: LoopThread, **config: Any) -> Iterator[
         loop.call(server.stop())
 
 
+@contextlib.contextmanager
+def gateway_client(upstream: str, timeout_s: float = 60) -> Iterator[httpx.Client]:
+    """An HTTP client of a gateway over `upstream` on a loop thread of its own; all of it stopped on the way out."""
+    loop = LoopThread()
+    try:
+        with running_gateway(upstream, loop) as gateway, httpx.Client(base_url=gateway.url, timeout=timeout_s) as c:
+            yield c
+    finally:
+        loop.close()
+
+
+def first_model(http: httpx.Client) -> str:
+    """The id of the first model the gateway lists."""
+    return str(http.get("/v1/models").json()["data"][0]["id"])
+
+
 _WEATHER_CALL = pb.ToolCallDelta(index=0, id="call_a", name="get_weather", arguments='{"city": ')
 TOOL_CALL_RESPONSES: list[dict[str, Any]] = [
     {"token_ids": [1], "text": "Sure."},
