@@ -63,6 +63,7 @@ class Sampling:
     logprobs: int | None = None
     skip_special_tokens: bool | None = None
     speculative_tokens: int | None = None  # n-gram drafts per step (0 = off; None = the server's default)
+    priority: int | None = None  # lower is sooner, [-20, 20]; under the server's --scheduling-policy priority or fair
     # constrained decoding: at most one of these (docs/api.md)
     json_schema: str | None = None  # JSON text
     regex: str | None = None

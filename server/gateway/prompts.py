@@ -46,7 +46,7 @@ def rendered(
         "stream": body.stream,
         "stream_options": stream_options,
         "cache_salt": None,
-        "priority": 0,
+        "priority": request.sampling.priority,
         "kv_transfer_params": None,
         "prompt": prompt.text or None,
     }

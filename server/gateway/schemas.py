@@ -113,6 +113,7 @@ class Sampling(Guided):
     stop_token_ids: list[Int32] | None = None
     skip_special_tokens: bool | None = None
     speculative_tokens: Int32 | None = None  # n-gram speculative decoding: drafts per step (0 = off)
+    priority: Int32 | None = None  # lower is sooner, [-20, 20] (vLLM's); under --scheduling-policy priority or fair
 
     @model_validator(mode="after")
     def _check_common(self) -> Sampling:

@@ -156,7 +156,7 @@ def test_optional_sampling_fields_come_from_the_proto() -> None:
 
     assert set(OPTIONAL_SAMPLING_FIELDS) == {
         "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-        "frequency_penalty", "seed", "min_tokens", "logprobs", "skip_special_tokens", "speculative_tokens",
+        "frequency_penalty", "seed", "min_tokens", "logprobs", "skip_special_tokens", "speculative_tokens", "priority",
     }  # fmt: skip
     typed = {f.name for f in fields(Sampling)}
     assert set(OPTIONAL_SAMPLING_FIELDS) <= typed  # the typed client offers every one of them

@@ -53,13 +53,13 @@ def test_every_sampling_field_is_carried() -> None:
         "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2,
         "presence_penalty": 0.5, "frequency_penalty": -0.5, "seed": 123, "stop": ["\n"], "stop_token_ids": [2],
         "min_tokens": 1, "ignore_eos": True, "logprobs": 0, "skip_special_tokens": False, "speculative_tokens": 3,
+        "priority": -2,
     }  # fmt: skip
     params = convert.sampling_params(pb.SamplingParams(**values))
     assert params == SamplingParams(**values)
     proto_only = {"max_tokens_from_context"}  # becomes max_tokens None (test below)
     carried = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields} - set(CONSTRAINT_FIELDS) - proto_only
-    not_yet = {"priority"}  # NOTE: issue 30's engine side is in; the proto field comes with its server wiring
-    assert carried | {"constraint"} | not_yet == set(SamplingParams.__dataclass_fields__)
+    assert carried | {"constraint"} == set(SamplingParams.__dataclass_fields__)
 
 
 def test_max_tokens_from_context_leaves_max_tokens_to_the_engine() -> None:
@@ -242,3 +242,9 @@ def test_a_choice_has_an_engine_id_no_request_id_can_be() -> None:
     assert convert.engine_request_id("nn", pb.GenerateRequest(request_id="nn", choice_index=0)) != "nn"
     with pytest.raises(InvalidInput, match="request_id"):
         convert.check_request_id(choice)  # a client cannot send a choice's engine id as its own
+
+
+def test_a_priority_out_of_range_names_the_field() -> None:
+    assert convert.sampling_params(pb.SamplingParams(priority=-20)).priority == -20
+    with pytest.raises(InvalidInput, match=r"^sampling\.priority: "):
+        convert.sampling_params(pb.SamplingParams(priority=21))

@@ -31,7 +31,7 @@ from tests.unit.server.gateway.gateway_helpers import (
 
 def test_sampling_parameters_reach_the_server(http: httpx.Client, fake: FakeInference) -> None:
     extras = {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 1, "ignore_eos": True,
-              "stop_token_ids": [7], "skip_special_tokens": False, "speculative_tokens": 4}  # fmt: skip
+              "stop_token_ids": [7], "skip_special_tokens": False, "speculative_tokens": 4, "priority": -3}  # fmt: skip
     body = completion_body(temperature=0.7, top_p=0.9, stop="\n", seed=5, n=3, presence_penalty=0.5,
                        frequency_penalty=-0.5, **extras)  # fmt: skip
     response = http.post(COMPLETIONS, json=body)
@@ -43,7 +43,7 @@ def test_sampling_parameters_reach_the_server(http: httpx.Client, fake: FakeInfe
         (0.1, 1.1, 0.5, -0.5)
     )
     assert (list(s.stop_token_ids), s.ignore_eos, s.skip_special_tokens) == ([7], True, False)
-    assert s.speculative_tokens == 4
+    assert (s.speculative_tokens, s.priority) == (4, -3)
     assert not s.HasField("logprobs")
 
 
@@ -51,7 +51,8 @@ def test_unset_parameters_stay_unset(http: httpx.Client, fake: FakeInference) ->
     http.post(COMPLETIONS, json={"model": FAKE_MODEL, "prompt": "Hi"})
     s = fake.requests[0].sampling
     assert s.max_tokens == 16  # OpenAI's default for completions
-    assert not any(s.HasField(f) for f in ("temperature", "top_p", "seed", "top_k", "logprobs", "speculative_tokens"))
+    unset = ("temperature", "top_p", "seed", "top_k", "logprobs", "speculative_tokens", "priority")
+    assert not any(s.HasField(f) for f in unset)
 
 
 def test_prompts_and_token_ids(http: httpx.Client, fake: FakeInference) -> None:
