@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from infer.engine.llm import LLM
     from infer.engine.loader import ModelLoadError
     from infer.engine.output_processor import CallerOutputs
-    from infer.engine.request import FinishReason, RequestOutput, Timings, TokenLogprob, Usage
+    from infer.engine.request import DEFAULT_TENANT, FinishReason, RequestOutput, Timings, TokenLogprob, Usage
     from infer.engine.sampling_params import SamplingParams
     from infer.engine.stats import EngineStats
     from infer.engine.stream import RequestStream
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from infer.engine.validation import InvalidInput, Refusal, check
 
 _EXPORTS = {
+    "DEFAULT_TENANT": "request",
     "AsyncEngine": "async_engine",
     "CallerOutputs": "output_processor",
     "Constraint": "structured",
@@ -66,6 +67,7 @@ _EXPORTS = {
     "default_model_dir": "default_model",
 }
 __all__ = [
+    "DEFAULT_TENANT",
     "DTYPES",
     "LLM",
     "QUANTIZATIONS",

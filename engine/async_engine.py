@@ -141,14 +141,18 @@ class AsyncEngine:
         prompt: str | Sequence[int],
         params: SamplingParams,
         request_id: str | None = None,
+        tenant: str | None = None,
     ) -> RequestStream:
         """Enqueue the request and stream its deltas; ValueError for bad input, QueueFullError when the queue is
         full (both at once, from this call). Closing or dropping the stream early aborts the request (see
-        `RequestStream`): use `async with engine.generate(...) as stream`."""
+        `RequestStream`): use `async with engine.generate(...) as stream`. `tenant`: who asks (None: the
+        default tenant)."""
         as_prompt = Prompt(text=prompt) if isinstance(prompt, str) else Prompt(token_ids=prompt)
-        return self.submit(self.process(as_prompt, params), request_id)
+        return self.submit(self.process(as_prompt, params), request_id, tenant)
 
-    def submit(self, processed: ProcessedInput, request_id: str | None = None) -> RequestStream:
+    def submit(
+        self, processed: ProcessedInput, request_id: str | None = None, tenant: str | None = None
+    ) -> RequestStream:
         """`generate` for a request `process` has checked: it is not checked again."""
         request_id = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
@@ -158,7 +162,7 @@ class AsyncEngine:
             with contextlib.suppress(RuntimeError):  # a closed loop: its caller is gone
                 loop.call_soon_threadsafe(deltas.put_nowait, out)
 
-        self.core.submit(request_id, processed, sink)
+        self.core.submit(request_id, processed, sink, tenant)
         return RequestStream(request_id, deltas, self.core.abort)
 
     def abort(self, request_id: str) -> None:

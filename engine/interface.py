@@ -62,12 +62,19 @@ class EngineClient(Protocol):
     def stats(self) -> EngineStats: ...
 
     def generate(
-        self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        tenant: str | None = None,
     ) -> RequestStream:
-        """Enqueue and stream deltas; ValueError for bad input, QueueFullError when the queue is full."""
+        """Enqueue and stream deltas; ValueError for bad input, QueueFullError when the queue is full. `tenant`:
+        who asks, for the fair policy (None: the default tenant)."""
         ...
 
-    def submit(self, processed: ProcessedInput, request_id: str | None = None) -> RequestStream:
+    def submit(
+        self, processed: ProcessedInput, request_id: str | None = None, tenant: str | None = None
+    ) -> RequestStream:
         """`generate` for a request `process` returned; QueueFullError when the queue is full."""
         ...
 

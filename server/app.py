@@ -7,6 +7,7 @@ import logging
 import os
 import tempfile
 import time
+from dataclasses import replace
 
 import grpc
 import torch
@@ -15,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from infer.api import SERVICE_NAME
-from infer.engine import AsyncEngine, EngineClient, EngineStats, ModelLoadError
+from infer.engine import AsyncEngine, EngineClient, EngineConfig, EngineStats, ModelLoadError
 from infer.server.gateway.app import GatewayConfig, GatewayServer, local_upstream
 from infer.server.gateway.guard import HttpLimits
 from infer.server.gateway.origins import parse_origins
@@ -26,6 +27,7 @@ from infer.server.servicer import InferenceServicer, add_to_server
 from infer.server.settings import ServerConfig
 from infer.server.signals import run_until_signal
 from infer.server.telemetry import Telemetry, make_span_exporter
+from infer.server.tenants import TenantIdentity, TenantTable
 from infer.server.vllm_metrics import ServedModel
 
 logger = logging.getLogger(__name__)
@@ -78,12 +80,19 @@ class InferenceServer:
         self.port = 0
         self.local_address: str | None = None  # the gateway's hop when TLS is on: unix:PATH
         self.api_keys: ApiKeys | None = None  # read at start, shared with the in-process gateway
+        self.tenants = TenantTable()  # the tenants file, read at start
         self.metrics_port: int | None = None
         self.health_port: HealthPort | None = None  # plaintext health only, for probes (config.health_port)
 
     @property
     def engine(self) -> EngineClient | None:
         return self.lifecycle.engine
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The engine's settings, with the tenants file's weights (read at start) when it gives any."""
+        weights = self.tenants.weights
+        return replace(self.config.engine, tenant_weights=weights) if weights else self.config.engine
 
     def _stats(self) -> EngineStats | None:
         engine = self.lifecycle.engine
@@ -99,10 +108,12 @@ class InferenceServer:
     async def start(self) -> None:
         """Listen at once, reporting NOT_SERVING until `load` is done."""
         cfg = self.config
+        self.tenants = TenantTable.read(cfg.tenants_file)  # ValueError naming the file and the line
         self.api_keys = keys = ApiKeys.from_settings(cfg.api_key, cfg.api_keys_file)
         interceptors = [ApiKeyInterceptor(keys)] if keys is not None else []
         server = grpc.aio.server(options=grpc_options(cfg), interceptors=interceptors)
-        servicer = InferenceServicer(self.lifecycle, self.telemetry, cfg.limits)
+        identity = TenantIdentity(keys, cfg.tenant_header)  # NOTE: with keys, the key decides
+        servicer = InferenceServicer(self.lifecycle, self.telemetry, cfg.limits, identity=identity)
         add_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.lifecycle.health, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
@@ -163,7 +174,7 @@ class InferenceServer:
         `engine`: serve this one instead of loading `config.engine` (tests serve a fake engine this way).
         """
         if engine is None:
-            engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
+            engine = await asyncio.to_thread(AsyncEngine.from_config, self.engine_config)
         if self.config.warmup:
             try:
                 await engine.warmup()
@@ -252,6 +263,7 @@ async def start_gateway(server: InferenceServer) -> GatewayServer | None:
             api_keys=server.api_keys,
             limits=HttpLimits(config.max_request_bytes, config.http_header_timeout_s, config.http_body_timeout_s),
             allowed_origins=parse_origins(config.allowed_origins),
+            tenant_header=config.tenant_header,
             metrics=server.telemetry.registry if config.http_metrics else None,
         )
     )

@@ -3,12 +3,16 @@
 Keys are compared in constant time: the SHA-256 of the offered key against the SHA-256 of every
 configured key with `hmac.compare_digest`, all of them every time (no early exit on a match, no
 length check that could answer faster).
+
+A key is a tenant (server/tenants.py): the name it has in the keys file (`name: key`), else a label of its own
+that does not tell the key, `key-` and the first 8 hex digits of its SHA-256.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -16,12 +20,24 @@ from typing import Any
 import grpc
 
 from infer.api import API_KEY_METADATA, bearer, bearer_key
-from infer.api.credentials import read_file, read_keys
+from infer.api.credentials import read_file, read_named_keys
 
 # NOTE: probes carry no key: health stays open (it tells only SERVING or not); reflection and the API do not
 OPEN_GRPC_PREFIXES = ("/grpc.health.v1.Health/",)
 MISSING_KEY = f"missing API key: send the header '{API_KEY_METADATA}: {bearer('<key>')}'"
 INVALID_KEY = "invalid API key"
+MAX_TENANT_CHARS = 64
+TENANT_NAME = re.compile(rf"[\x21-\x7e]{{1,{MAX_TENANT_CHARS}}}\Z")  # a tenant's name: visible ASCII, no space
+
+# a gRPC metadata key that carries text: lowercase, not gRPC's own, not binary (-bin), not the API key's
+HEADER_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}\Z")
+RESERVED_HEADERS = (API_KEY_METADATA, "te", "content-type", "user-agent", "host", "traceparent", "tracestate")
+
+
+def check_tenant_name(what: str, name: str) -> None:
+    """ValueError naming `what` when `name` cannot be a tenant's."""
+    if not TENANT_NAME.match(name):
+        raise ValueError(f"{what}: tenant name {name[:80]!r}: must be 1 to {MAX_TENANT_CHARS} visible ASCII characters")
 
 
 @dataclass(frozen=True)
@@ -51,38 +67,68 @@ def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
 
 
+def header_problem(name: str) -> str | None:
+    """Why `name` cannot be the tenant header, or None."""
+    if not HEADER_NAME.match(name):
+        return "must be a lowercase header name: letters, digits, '-', '_', '.' (at most 64)"
+    if name.startswith("grpc-") or name.endswith("-bin") or name in RESERVED_HEADERS:
+        return f"{name!r} is reserved (gRPC's own, binary, or another meaning)"
+    return None
+
+
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 
 
-class ApiKeys:
-    """The accepted API keys; `is_valid` in constant time."""
+def key_label(digest: bytes) -> str:
+    """The tenant of a key without a name: stable, and no help in guessing the key."""
+    return f"key-{digest.hex()[:8]}"
 
-    def __init__(self, keys: Iterable[str]) -> None:
-        keys = [k.strip() for k in keys]
-        if not keys or any(not k or any(c.isspace() for c in k) for k in keys):
+
+class ApiKeys:
+    """The accepted API keys and their tenants; `is_valid` and `tenant_of` in constant time. A key is a string
+    (no name: its own tenant) or a (name, key) pair; several keys may share a name (one tenant)."""
+
+    def __init__(self, keys: Iterable[str | tuple[str | None, str]]) -> None:
+        pairs = [(None, k.strip()) if isinstance(k, str) else (k[0], k[1].strip()) for k in keys]
+        if not pairs or any(not k or any(c.isspace() for c in k) for _, k in pairs):
             raise ValueError("api_key: keys must be non-empty and contain no whitespace")
-        self._digests = tuple(_digest(k) for k in keys)
+        for name, _ in pairs:
+            if name is not None:
+                check_tenant_name("api_keys_file", name)
+        self._digests = tuple(_digest(k) for _, k in pairs)
+        self._tenants = tuple(name or key_label(d) for (name, _), d in zip(pairs, self._digests, strict=True))
 
     def __len__(self) -> int:
         return len(self._digests)
 
     @classmethod
     def from_settings(cls, api_key: str | None, api_keys_file: str | None) -> ApiKeys | None:
-        """`api_key`: one key or several, comma-separated; `api_keys_file`: one a line (# comments). None: open."""
-        keys = [k for k in (api_key or "").split(",") if k.strip()]
+        """`api_key`: one key or several, comma-separated (no names); `api_keys_file`: one a line, `name: key` to
+        name its tenant (# comments). None: open."""
+        keys: list[str | tuple[str | None, str]] = [k for k in (api_key or "").split(",") if k.strip()]
         if api_key is not None and not keys:
             raise ValueError("api_key: no key given")
         if api_keys_file is not None:
-            keys += read_keys(api_keys_file, "api_keys_file")
+            keys += read_named_keys(api_keys_file, "api_keys_file")
         return cls(keys) if keys else None
 
     def is_valid(self, key: str) -> bool:
+        return self.tenant_of(key) is not None
+
+    def tenant_of(self, key: str) -> str | None:
+        """The tenant of a valid key (its name, else its label); None for a key that is not one of these."""
         offered = _digest(key)
-        found = False
-        for digest in self._digests:  # NOTE: every key, every time: the time taken tells nothing
-            found |= hmac.compare_digest(digest, offered)
-        return found
+        tenant = None
+        for digest, name in zip(self._digests, self._tenants, strict=True):  # NOTE: every key, every time
+            if hmac.compare_digest(digest, offered):
+                tenant = name
+        return tenant
+
+    @property
+    def tenants(self) -> frozenset[str]:
+        """Every key's tenant."""
+        return frozenset(self._tenants)
 
     def refusal(self, authorization: str | None) -> str | None:
         """None when the `Authorization` value carries a valid key, else why not."""

@@ -19,6 +19,7 @@ from infer.server.limits import RequestLimits
 from infer.server.prompt_workers import PromptWorkers
 from infer.server.status import StatusError, status_of
 from infer.server.telemetry import RequestTrace, Telemetry
+from infer.server.tenants import TenantIdentity
 
 
 def _cancelled_code(context: grpc.aio.ServicerContext) -> str:
@@ -33,8 +34,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         telemetry: Telemetry,
         limits: RequestLimits | None = None,
         prompt_workers: PromptWorkers | None = None,
+        identity: TenantIdentity | None = None,
     ) -> None:
         self.lifecycle, self.telemetry = lifecycle, telemetry
+        self.identity = identity or TenantIdentity()  # who asks: the API key's name, or the tenant header
         self.limits = limits or RequestLimits()
         self.prompt_workers = prompt_workers or PromptWorkers(self.limits.max_pending_long_prompts)
 
@@ -70,6 +73,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         engine_id = convert.engine_request_id(request_id, request)
         async with self._rpc(context, "Generate", engine_id) as (engine, trace):
             convert.check_request_id(request.request_id)
+            tenant = self.identity.tenant(context.invocation_metadata() or ())
             params = convert.sampling_params(request.sampling)
             bounds = self.limits.bounds(engine.config.max_model_len)
             size = convert.checked_input_size(request, bounds)  # before any template or tokenizer work
@@ -79,7 +83,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             await _compiled(engine, processed)
             _admit_by_deadline(engine, len(processed.prompt_token_ids), context.time_remaining())
             outputs = CallerOutputs.of(processed, engine.tokenizer)  # logprob tokens' text, tool calls
-            async with engine.submit(processed, engine_id) as stream:  # leaving early aborts it
+            async with engine.submit(processed, engine_id, tenant) as stream:  # leaving early aborts it
                 async for out in stream:
                     trace.on_output(out)
                     if out.finish_reason is FinishReason.ERROR:

@@ -17,7 +17,7 @@ from infer.engine import DTYPES, QUANTIZATIONS, EngineConfig, check
 from infer.kernels import BACKENDS
 from infer.server.gateway.origins import parse_origins
 from infer.server.limits import RequestLimits
-from infer.server.security import TlsFiles
+from infer.server.security import TlsFiles, header_problem
 
 ENV_PREFIX = "INFER_"
 TRACE_EXPORTERS = ("none", "console", "otlp")
@@ -45,6 +45,9 @@ class ServerConfig:
     api_key: str | None = field(default=None, repr=False)  # one key, or several comma-separated
     api_keys_file: str | None = None  # one key a line
     allowed_origins: str | None = None  # browser origins let call the HTTP API (CORS), comma-separated; * = any
+    # tenants (server/tenants.py): an API key's name, else this header's value on a keyless server
+    tenant_header: str | None = None  # the gRPC metadata (HTTP header) naming the tenant; None: no header
+    tenants_file: str | None = None  # `name weight [tokens_per_minute]` a line (`--tenants FILE`)
     # limits
     max_request_bytes: int = 4 * 1024 * 1024  # an HTTP body, a gRPC message
     max_prompt_tokens: int | None = None  # None: max_model_len is the only bound
@@ -74,6 +77,10 @@ class ServerConfig:
         check("traces", self.traces in TRACE_EXPORTERS, f"must be one of {', '.join(TRACE_EXPORTERS)}")
         TlsFiles.from_settings(self.tls_cert, self.tls_key, self.tls_client_ca)  # ValueError when half given
         parse_origins(self.allowed_origins)  # ValueError naming allowed_origins
+        problem = None if self.tenant_header is None else header_problem(self.tenant_header)
+        check("tenant_header", problem is None, problem or "")
+        check("tenants_file", self.tenants_file is None or not self.engine.tenant_weights,
+              "give the weights in the tenants file or in tenant_weights, not both")  # fmt: skip
         check("max_request_bytes", self.max_request_bytes >= 1024, "must be >= 1024")
         check("max_prompt_tokens", self.max_prompt_tokens is None or self.max_prompt_tokens >= 1, "must be >= 1")
         check("max_output_tokens", self.max_output_tokens is None or self.max_output_tokens >= 1, "must be >= 1")
@@ -122,6 +129,11 @@ def _optional_str(text: str) -> str | None:
     return text or None
 
 
+def _header_or_off(text: str) -> str | None:
+    """A header name, lowercase (as gRPC metadata keys are); none or empty: off."""
+    return None if text.strip().lower() in ("", "none", "off") else text.strip().lower()
+
+
 def _str_or_off(text: str) -> str | None:
     return None if text.lower() in ("", "off", "none") else text
 
@@ -155,10 +167,11 @@ class Setting:
     help: str
     is_engine: bool = True
     choices: tuple[str, ...] = ()
+    flag_name: str = ""  # the flag, when not the name (`tenants_file` is `--tenants`)
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return "--" + (self.flag_name or self.name.replace("_", "-"))
 
     @property
     def env(self) -> str:
@@ -171,8 +184,10 @@ class Setting:
         return f.default if f.default is not MISSING else None
 
 
-def _server(name: str, parse: Callable[[str], Any], help: str, choices: tuple[str, ...] = ()) -> Setting:
-    return Setting(name, parse, help, is_engine=False, choices=choices)
+def _server(
+    name: str, parse: Callable[[str], Any], help: str, choices: tuple[str, ...] = (), flag_name: str = ""
+) -> Setting:
+    return Setting(name, parse, help, is_engine=False, choices=choices, flag_name=flag_name)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -205,7 +220,25 @@ SETTINGS: tuple[Setting, ...] = (
     _server("tls_key", _optional_str, "TLS private key (PEM)"),
     _server("tls_client_ca", _optional_str, "mTLS: require client certificates signed by this CA (PEM)"),
     _server("api_key", _optional_str, "API key(s), comma-separated: clients send 'Authorization: Bearer <key>'"),
-    _server("api_keys_file", _optional_str, "a file of API keys, one a line (# comments)"),
+    _server(
+        "api_keys_file",
+        _optional_str,
+        "a file of API keys, one a line (# comments); 'name: key' names the key's tenant (a key without a name is a "
+        "tenant of its own, key-<8 hex digits of its SHA-256>)",
+    ),
+    _server(
+        "tenant_header",
+        _header_or_off,
+        "without API keys: the gRPC metadata / HTTP header whose value names the request's tenant, e.g. x-tenant "
+        "(absent: the default tenant); with keys, the key's name decides and this header is ignored",
+    ),
+    _server(
+        "tenants_file",
+        _optional_str,
+        "a file of tenants, one a line: 'name weight [tokens_per_minute]' (# comments): the fair policy's weights "
+        "(a tenant not named weighs 1) and token budgets; a line that does not parse stops the server",
+        flag_name="tenants",
+    ),
     _server(
         "allowed_origins",
         _optional_str,
@@ -375,10 +408,12 @@ def add_settings(parser: argparse.ArgumentParser, environ: Mapping[str, str] | N
         default = _env_default(s, environ)
         text = f"{s.help} [env {s.env}; default: {_show(s.default)}]".replace("%", "%%")  # argparse formats it
         if s.parse is _bool:
-            parser.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+            parser.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=default, help=text, dest=s.name)
         else:
             choices = list(s.choices) or None
-            parser.add_argument(s.flag, type=s.parse, default=default, choices=choices, help=text, metavar=_metavar(s))
+            parser.add_argument(
+                s.flag, type=s.parse, default=default, choices=choices, help=text, metavar=_metavar(s), dest=s.name
+            )
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

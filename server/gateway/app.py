@@ -31,7 +31,7 @@ from infer.server.gateway.protocol import with_header_timeout
 from infer.server.gateway.routes import Routes
 from infer.server.gateway.upstream import Upstream
 from infer.server.metrics_http import start_metrics_server
-from infer.server.security import ApiKeys, TlsFiles
+from infer.server.security import ApiKeys, TlsFiles, header_problem
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def app_for(config: GatewayConfig) -> ASGIApp:
     """The ASGI app of a GatewayConfig (its listener settings aside: those are GatewayServer's)."""
     client = Upstream(config.upstream, config.timeout_s, config.upstream_tls)
     metrics = GatewayMetrics()
-    routes = Routes(client, metrics, config.model_id)
+    routes = Routes(client, metrics, config.model_id, config.tenant_header)
     policy = BrowserPolicy(config.allowed_origins, config.api_keys is None, is_loopback_address(config.host))
 
     @contextlib.asynccontextmanager
@@ -113,6 +113,7 @@ class GatewayConfig:
     api_keys: ApiKeys | None = field(default=None, repr=False)  # None: open (the upstream may still check)
     limits: HttpLimits = field(default_factory=HttpLimits)
     allowed_origins: tuple[str, ...] = ()  # browser origins let in without a key, and given CORS (origins.py)
+    tenant_header: str | None = None  # forwarded to the upstream, which reads the tenant from it (`infer serve`'s)
     # also served at GET /metrics on the HTTP port, open like /health (`infer serve --http-metrics`); None: not
     metrics: CollectorRegistry | None = field(default=None, compare=False, repr=False)
 
@@ -128,6 +129,8 @@ class GatewayConfig:
         if self.shutdown_grace_s < 0:
             raise ValueError("shutdown_grace_s: must be >= 0")
         BrowserPolicy(self.allowed_origins)  # ValueError naming allowed_origins
+        if self.tenant_header is not None and (problem := header_problem(self.tenant_header)):
+            raise ValueError(f"tenant_header: {problem}")
 
 
 def local_upstream(grpc_host: str, grpc_port: int) -> str:

@@ -83,6 +83,9 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "--allowed-origins", "INFER_ALLOWED_ORIGINS", "",
           "browser origins that may call the API (CORS), comma-separated, * = any; without an API key, "
           "requests from other origins are refused")  # fmt: skip
+    _flag(p, "--tenant-header", "INFER_TENANT_HEADER", "",
+          "forward this header (lowercase) to the upstream, whose --tenant-header it must be: the tenant of a "
+          "keyless upstream")  # fmt: skip
     _flag(p, "--upstream-tls-ca", "INFER_UPSTREAM_TLS_CA", "", "TLS to the upstream, trusting this CA (PEM)")
     p.add_argument("--upstream-tls", action="store_true", help="TLS to the upstream, trusting the system's roots")
     _flag(p, "--upstream-tls-cert", "INFER_UPSTREAM_TLS_CERT", "", "mTLS to the upstream: client certificate")
@@ -121,6 +124,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         api_keys=ApiKeys.from_settings(args.api_key, args.api_keys_file),
         limits=HttpLimits(args.max_request_bytes, args.http_header_timeout_s, args.http_body_timeout_s),
         allowed_origins=parse_origins(args.allowed_origins),
+        tenant_header=args.tenant_header.strip().lower() if args.tenant_header else None,
     )
 
 

@@ -102,8 +102,9 @@ async def _parse(request: Request, schema: type[M]) -> M:
         raise APIError(400, "invalid JSON body: nested too deeply", code="invalid_json") from None
 
 
-def _metadata(request: Request) -> Metadata:
-    """The forwarded headers, less those gRPC cannot carry (a tab, a byte past ASCII): dropped, not a 500.
+def _metadata(request: Request, tenant_header: str | None = None) -> Metadata:
+    """The forwarded headers, less those gRPC cannot carry (a tab, a byte past ASCII): dropped, not a 500; and the
+    tenant header (`tenant_header`), which the model server reads: sent twice, or a value gRPC cannot carry, 422.
 
     NOTE: a dropped `authorization` reaches the model server as no key: with keys there, a 401.
     """
@@ -116,14 +117,25 @@ def _metadata(request: Request) -> Metadata:
             metadata.append((name, value))
         else:
             logger.debug("%s: dropped the header %s: not visible ASCII", request.url.path, name)
+    if tenant_header is not None and (values := request.headers.getlist(tenant_header)):
+        if len(values) > 1 or not _METADATA_VALUE.fullmatch(values[0]):
+            message = f"{tenant_header}: send it once, in visible ASCII"
+            raise APIError(422, message, code="invalid_value", param=tenant_header)
+        metadata.append((tenant_header, values[0]))
     return metadata
 
 
 class Routes:
-    def __init__(self, upstream: Upstream, metrics: GatewayMetrics, model_id: str | None) -> None:
+    def __init__(
+        self, upstream: Upstream, metrics: GatewayMetrics, model_id: str | None, tenant_header: str | None = None
+    ) -> None:
         self.upstream, self.metrics, self.model_id = upstream, metrics, model_id
+        self.tenant_header = tenant_header  # forwarded: the model server's tenant header (`--tenant-header`)
         self.ignored_fields = IgnoredFieldLog()  # unknown fields seen: each is logged once
         self.created = int(time.time())
+
+    def _forwarded(self, request: Request) -> Metadata:
+        return _metadata(request, self.tenant_header)
 
     async def _parse(self, request: Request, schema: type[M]) -> M:
         body = await _parse(request, schema)
@@ -166,7 +178,7 @@ class Routes:
 
     async def _completions(self, request: Request, request_id: str) -> Response:
         body = await self._parse(request, CompletionRequest)
-        model = await self._check_model(body.model, _metadata(request))
+        model = await self._check_model(body.model, self._forwarded(request))
         meta = Meta(f"cmpl-{request_id}", model, int(time.time()), body.n, body.include_usage,
                     has_logprobs=body.logprobs is not None)  # fmt: skip
         requests = translate.completion_requests(body, request_id)
@@ -178,7 +190,7 @@ class Routes:
 
     async def _chat_completions(self, request: Request, request_id: str) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
-        model = await self._check_model(body.model, _metadata(request))
+        model = await self._check_model(body.model, self._forwarded(request))
         meta = Meta(f"chatcmpl-{request_id}", model, int(time.time()), body.n, body.include_usage, body.logprobs)
         # NOTE: no max_tokens: the model server fills in what the context leaves after the rendered chat
         requests = translate.chat_requests(body, request_id, body.max_new_tokens)
@@ -207,7 +219,7 @@ class Routes:
     async def _render(
         self, request: Request, body: Sampling, requests: Sequence[pb.GenerateRequest], ids: Sequence[str]
     ) -> list[Json]:
-        metadata = _metadata(request)
+        metadata = self._forwarded(request)
         model = await self._check_model(body.model, metadata)
         try:
             tokenized = await prompts.tokenize(self.upstream, requests, metadata)
@@ -226,7 +238,7 @@ class Routes:
     async def _stream_or_gather(
         self, request: Request, body: Sampling, requests: Sequence[pb.GenerateRequest], fmt: Format
     ) -> Response:
-        metadata, started_s = _metadata(request), time.monotonic()
+        metadata, started_s = self._forwarded(request), time.monotonic()
         await self._check_queue_bound(len(requests), metadata)
         if body.stream:
             opened = await unless_disconnected(request.receive, start(self.upstream, requests, metadata))
@@ -256,11 +268,11 @@ class Routes:
 
     async def models(self, request: Request) -> Response:
         """GET /v1/models"""
-        return JSONResponse({"object": "list", "data": [await self._model_card(_metadata(request))]})
+        return JSONResponse({"object": "list", "data": [await self._model_card(self._forwarded(request))]})
 
     async def model(self, request: Request) -> Response:
         """GET /v1/models/{model}"""
-        card = await self._model_card(_metadata(request))
+        card = await self._model_card(self._forwarded(request))
         if request.path_params["model"] != card["id"]:
             raise APIError(404, f"model {request.path_params['model']!r} not found", code="model_not_found")
         return JSONResponse(card)

@@ -255,3 +255,16 @@ def test_the_inference_pool_selects_the_model_servers(rendered: dict[str, list[M
     )
     assert "inferencePool.enabled needs gateway.mode inProcess" in separate
     assert "inferencePool.endpointPicker.serviceName" in render_error(helm, "--set", "inferencePool.enabled=true")
+
+
+# tenants
+
+
+def test_a_separate_gateway_forwards_the_tenant_header(helm: str) -> None:
+    """The model servers read the tenant from `config.tenant_header`; a gateway of its own must forward it."""
+    manifests = render(helm, *_sets("gateway.mode=separate", "config.tenant_header=x-tenant"))
+    gateway = pod_spec(one(manifests, "Deployment", GATEWAY))["containers"][0]
+    assert env(gateway)["INFER_TENANT_HEADER"] == "x-tenant"
+    assert env(_server(manifests))["INFER_TENANT_HEADER"] == "x-tenant"
+    plain = render(helm, "--set", "gateway.mode=separate")
+    assert "INFER_TENANT_HEADER" not in env(pod_spec(one(plain, "Deployment", GATEWAY))["containers"][0])

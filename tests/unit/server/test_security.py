@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from infer.api import pb, pb_grpc
-from infer.clients.channel import ClientTls, channel, with_api_key
+from infer.clients.channel import ClientTls, channel, read_keys, with_api_key
 from infer.engine import InputProcessor, Prompt, SamplingParams
 from infer.server import security
 from infer.server.app import grpc_options
@@ -58,6 +58,27 @@ def test_keys_from_a_flag_and_a_file(tmp_path: Path) -> None:
         ApiKeys.from_settings(None, str(path))
     with pytest.raises(OSError, match="api_keys_file: cannot read"):
         ApiKeys.from_settings(None, str(tmp_path / "missing"))
+
+
+def test_a_keys_file_names_tenants(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("# team keys\nteam-a: sk-a\nteam-a:   sk-a-rotated\nsk:with:colons\nteam-b: sk-b\n")
+    keys = ApiKeys.from_settings("flag-key", str(path))
+    assert keys is not None and len(keys) == 5
+    assert [keys.tenant_of(k) for k in ("sk-a", "sk-a-rotated", "sk-b")] == ["team-a", "team-a", "team-b"]
+    unnamed = {keys.tenant_of("sk:with:colons"), keys.tenant_of("flag-key")}  # a one-word line is a key, colons and all
+    assert all(t is not None and t.startswith("key-") and len(t) == 12 for t in unnamed) and len(unnamed) == 2
+    assert keys.tenant_of("team-a:") is None and not keys.is_valid("team-a: sk-a")
+    assert read_keys(str(path), "api_key_file")[0] == "sk-a"  # what `infer client --api-key-file` sends
+
+
+@pytest.mark.parametrize("line", ["team-a sk-a", "team-a: sk-a extra", ": sk-a", "a: b: c"])
+def test_a_keys_file_line_that_is_neither_is_refused_naming_the_line_not_the_key(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "keys"
+    path.write_text(f"good-key\n{line}\n")
+    with pytest.raises(ValueError, match=r"api_keys_file: .*keys line 2: expected a key, or 'name: key'") as e:
+        ApiKeys.from_settings(None, str(path))
+    assert "sk-a" not in str(e.value)
 
 
 def test_every_key_is_compared_in_constant_time_every_time(monkeypatch: pytest.MonkeyPatch) -> None:

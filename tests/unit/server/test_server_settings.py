@@ -89,3 +89,13 @@ def test_docs_table_is_current() -> None:
     assert settings_markdown() in DOCS.read_text(), "docs/configuration.md: paste settings_markdown()"
     readme = DOCS.parents[1] / "README.md"
     assert settings_markdown() in readme.read_text(), "README.md: paste settings_markdown()"
+
+
+def test_tenant_settings_take_the_flags_the_docs_name() -> None:
+    config = parse(["--tenants", "tenants.txt", "--tenant-header", "X-Tenant"])
+    assert (config.tenants_file, config.tenant_header) == ("tenants.txt", "x-tenant")  # metadata keys are lowercase
+    assert parse([], {"INFER_TENANTS_FILE": "t", "INFER_TENANT_HEADER": "off"}).tenants_file == "t"
+    assert parse([]).tenant_header is None
+    for bad in ("grpc-tenant", "x-tenant-bin", "authorization", "x tenant"):
+        with pytest.raises(ValueError, match="tenant_header"):
+            parse(["--tenant-header", bad])

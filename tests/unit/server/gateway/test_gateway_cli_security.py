@@ -41,3 +41,14 @@ def test_half_a_key_pair_exits_2(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     monkeypatch.delenv("INFER_API_KEY", raising=False)
     assert run_gateway_command(_args("--tls-cert", "c.pem")) == 2
     assert "tls_cert and tls_key" in capsys.readouterr().err
+
+
+def test_the_tenant_header_flag(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Forwarded to the upstream, which reads its tenant from it (`infer serve --tenant-header`)."""
+    monkeypatch.delenv("INFER_TENANT_HEADER", raising=False)
+    assert config_from_args(_args()).tenant_header is None
+    assert config_from_args(_args("--tenant-header", "X-Tenant")).tenant_header == "x-tenant"
+    monkeypatch.setenv("INFER_TENANT_HEADER", "x-team")
+    assert config_from_args(_args()).tenant_header == "x-team"
+    assert run_gateway_command(_args("--tenant-header", "authorization")) == 2
+    assert "tenant_header: 'authorization' is reserved" in capsys.readouterr().err
