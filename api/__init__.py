@@ -29,6 +29,7 @@ __all__ = [
     "MAX_REQUEST_ID_CHARS",
     "OPTIONAL_SAMPLING_FIELDS",
     "REQUEST_ID",
+    "RETRY_AFTER_KEY",
     "SERVICE",
     "SERVICE_NAME",
     "UNARY_METHODS",
@@ -39,6 +40,7 @@ __all__ = [
     "error_reason",
     "pb",
     "pb_grpc",
+    "retry_after_s",
 ]
 
 # the service
@@ -86,6 +88,7 @@ OPTIONAL_SAMPLING_FIELDS: tuple[str, ...] = tuple(
 # (INVALID_FIELD_KEY: `sampling.max_tokens`, `messages[1].role`). Programs read these, never the message.
 ERROR_REASON_KEY = "infer-error-reason"
 INVALID_FIELD_KEY = "infer-invalid-field"
+RETRY_AFTER_KEY = "infer-retry-after-s"  # whole seconds until a refused call would be let in (BUDGET_EXCEEDED)
 
 
 class ErrorReason(enum.StrEnum):
@@ -103,6 +106,8 @@ class ErrorReason(enum.StrEnum):
     # grammar compiler refuses (or that it would not enforce)
     QUEUE_FULL = "QUEUE_FULL"  # RESOURCE_EXHAUSTED: a bounded queue is full; retry later
     NOT_SERVING = "NOT_SERVING"  # UNAVAILABLE: the server is starting or draining; try another replica
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"  # RESOURCE_EXHAUSTED: the tenant's token budget is spent; retry after
+    # RETRY_AFTER_KEY seconds
 
 
 def error_reason(trailing_metadata: Iterable[tuple[str, str | bytes]] | None) -> ErrorReason | None:
@@ -111,6 +116,14 @@ def error_reason(trailing_metadata: Iterable[tuple[str, str | bytes]] | None) ->
     for key, value in trailing_metadata or ():
         if key == ERROR_REASON_KEY and isinstance(value, str) and value in ErrorReason.__members__:
             return ErrorReason(value)
+    return None
+
+
+def retry_after_s(trailing_metadata: Iterable[tuple[str, str | bytes]] | None) -> int | None:
+    """The seconds a refused call's trailing metadata says to wait (RETRY_AFTER_KEY); None when it says none."""
+    for key, value in trailing_metadata or ():
+        if key == RETRY_AFTER_KEY and isinstance(value, str) and value.isdigit():
+            return int(value)
     return None
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from infer.api import CONSTRAINT_FIELDS, FINISH_REASONS, INVALID_FIELD_KEY, ErrorReason, error_reason, pb
+from infer.api import CONSTRAINT_FIELDS, FINISH_REASONS, INVALID_FIELD_KEY, ErrorReason, error_reason, pb, retry_after_s
 
 # text, token ids, or chat messages ({"role": ..., "content": ...})
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
@@ -17,18 +17,26 @@ Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
 class InferError(Exception):
     """A failed RPC: `code` is the gRPC status code, `details` the server's message (for people), and from its
     trailing metadata: `reason` why it was refused (`ErrorReason.CONTEXT_LENGTH_EXCEEDED`), `field` the request
-    field at fault that an INVALID_ARGUMENT names (`sampling.max_tokens`), if any."""
+    field at fault that an INVALID_ARGUMENT names (`sampling.max_tokens`), if any; `retry_after_s` the seconds to
+    wait before a retry would be let in (a spent token budget), if it says."""
 
     def __init__(
-        self, code: grpc.StatusCode, details: str, field: str | None = None, reason: ErrorReason | None = None
+        self,
+        code: grpc.StatusCode,
+        details: str,
+        field: str | None = None,
+        reason: ErrorReason | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(f"{code.name}: {details}")
         self.code, self.details, self.field, self.reason = code, details, field, reason
+        self.retry_after_s = retry_after_s
 
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError) -> InferError:
         trailing = _trailing_metadata(error)
-        return cls(error.code(), error.details() or "", _invalid_field(trailing), error_reason(trailing))
+        field, reason = _invalid_field(trailing), error_reason(trailing)
+        return cls(error.code(), error.details() or "", field, reason, retry_after_s(trailing))
 
 
 def _trailing_metadata(error: grpc.RpcError) -> list[tuple[str, str | bytes]]:

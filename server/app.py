@@ -27,7 +27,7 @@ from infer.server.servicer import InferenceServicer, add_to_server
 from infer.server.settings import ServerConfig
 from infer.server.signals import run_until_signal
 from infer.server.telemetry import Telemetry, make_span_exporter
-from infer.server.tenants import TenantIdentity, TenantTable
+from infer.server.tenants import TenantIdentity, Tenants, TenantTable
 from infer.server.vllm_metrics import ServedModel
 
 logger = logging.getLogger(__name__)
@@ -108,12 +108,13 @@ class InferenceServer:
     async def start(self) -> None:
         """Listen at once, reporting NOT_SERVING until `load` is done."""
         cfg = self.config
-        self.tenants = TenantTable.read(cfg.tenants_file)  # ValueError naming the file and the line
+        # ValueError naming the file and the line
+        self.tenants = TenantTable.read(cfg.tenants_file, cfg.tenant_tokens_per_minute)
         self.api_keys = keys = ApiKeys.from_settings(cfg.api_key, cfg.api_keys_file)
         interceptors = [ApiKeyInterceptor(keys)] if keys is not None else []
         server = grpc.aio.server(options=grpc_options(cfg), interceptors=interceptors)
-        identity = TenantIdentity(keys, cfg.tenant_header)  # NOTE: with keys, the key decides
-        servicer = InferenceServicer(self.lifecycle, self.telemetry, cfg.limits, identity=identity)
+        tenants = Tenants(TenantIdentity(keys, cfg.tenant_header), self.tenants)  # NOTE: with keys, the key decides
+        servicer = InferenceServicer(self.lifecycle, self.telemetry, cfg.limits, tenants=tenants)
         add_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.lifecycle.health, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)

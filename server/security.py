@@ -98,6 +98,7 @@ class ApiKeys:
                 check_tenant_name("api_keys_file", name)
         self._digests = tuple(_digest(k) for _, k in pairs)
         self._tenants = tuple(name or key_label(d) for (name, _), d in zip(pairs, self._digests, strict=True))
+        self.names = frozenset(name for name, _ in pairs if name is not None)  # the tenants the keys file names
 
     def __len__(self) -> int:
         return len(self._digests)
@@ -124,11 +125,6 @@ class ApiKeys:
             if hmac.compare_digest(digest, offered):
                 tenant = name
         return tenant
-
-    @property
-    def tenants(self) -> frozenset[str]:
-        """Every key's tenant."""
-        return frozenset(self._tenants)
 
     def refusal(self, authorization: str | None) -> str | None:
         """None when the `Authorization` value carries a valid key, else why not."""

@@ -14,12 +14,13 @@ from google.protobuf.message import DecodeError, Message
 from infer.api import SERVICE, SERVICE_NAME, pb, pb_grpc
 from infer.engine import CallerOutputs, EngineClient, FinishReason, InvalidInput, ProcessedInput, Refusal
 from infer.server import convert
+from infer.server.budgets import BudgetExceededError
 from infer.server.lifecycle import Lifecycle
 from infer.server.limits import RequestLimits
 from infer.server.prompt_workers import PromptWorkers
 from infer.server.status import StatusError, status_of
 from infer.server.telemetry import RequestTrace, Telemetry
-from infer.server.tenants import TenantIdentity
+from infer.server.tenants import Tenants
 
 
 def _cancelled_code(context: grpc.aio.ServicerContext) -> str:
@@ -34,10 +35,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         telemetry: Telemetry,
         limits: RequestLimits | None = None,
         prompt_workers: PromptWorkers | None = None,
-        identity: TenantIdentity | None = None,
+        tenants: Tenants | None = None,
     ) -> None:
         self.lifecycle, self.telemetry = lifecycle, telemetry
-        self.identity = identity or TenantIdentity()  # who asks: the API key's name, or the tenant header
+        self.tenants = tenants or Tenants()  # who asks (the API key's name, or the tenant header), their budgets
         self.limits = limits or RequestLimits()
         self.prompt_workers = prompt_workers or PromptWorkers(self.limits.max_pending_long_prompts)
 
@@ -73,7 +74,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         engine_id = convert.engine_request_id(request_id, request)
         async with self._rpc(context, "Generate", engine_id) as (engine, trace):
             convert.check_request_id(request.request_id)
-            tenant = self.identity.tenant(context.invocation_metadata() or ())
+            tenant = self.tenants.identity.tenant(context.invocation_metadata() or ())
+            trace.for_tenant(self.tenants.label(tenant))
             params = convert.sampling_params(request.sampling)
             bounds = self.limits.bounds(engine.config.max_model_len)
             size = convert.checked_input_size(request, bounds)  # before any template or tokenizer work
@@ -81,16 +83,28 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 size, lambda: engine.process(convert.prompt(request), params, bounds.engine)
             )
             await _compiled(engine, processed)
-            _admit_by_deadline(engine, len(processed.prompt_token_ids), context.time_remaining())
+            num_prompt_tokens = len(processed.prompt_token_ids)
+            _admit_by_deadline(engine, num_prompt_tokens, context.time_remaining())
+            self._check_budget(tenant, num_prompt_tokens, trace)
             outputs = CallerOutputs.of(processed, engine.tokenizer)  # logprob tokens' text, tool calls
             async with engine.submit(processed, engine_id, tenant) as stream:  # leaving early aborts it
+                self.tenants.budgets.charge(tenant, num_prompt_tokens)  # NOTE: no await since the check
+                trace.on_admitted(num_prompt_tokens)
                 async for out in stream:
+                    self.tenants.budgets.charge(tenant, len(out.token_ids))
                     trace.on_output(out)
                     if out.finish_reason is FinishReason.ERROR:
                         raise StatusError(grpc.StatusCode.INTERNAL, f"request {engine_id} failed: {out.error}")
                     if out.finish_reason is FinishReason.ABORT:
                         raise StatusError(grpc.StatusCode.CANCELLED, f"request {engine_id} was aborted")
                     await context.write(convert.generate_response(outputs(out), request_id))
+
+    def _check_budget(self, tenant: str, num_prompt_tokens: int, trace: RequestTrace) -> None:
+        try:
+            self.tenants.budgets.check(tenant, num_prompt_tokens)
+        except BudgetExceededError:
+            trace.on_budget_refused()
+            raise
 
     async def GetModelInfo(  # noqa: N802
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext

@@ -48,6 +48,7 @@ class ServerConfig:
     # tenants (server/tenants.py): an API key's name, else this header's value on a keyless server
     tenant_header: str | None = None  # the gRPC metadata (HTTP header) naming the tenant; None: no header
     tenants_file: str | None = None  # `name weight [tokens_per_minute]` a line (`--tenants FILE`)
+    tenant_tokens_per_minute: int | None = None  # the budget of a tenant the tenants file gives none; None: none
     # limits
     max_request_bytes: int = 4 * 1024 * 1024  # an HTTP body, a gRPC message
     max_prompt_tokens: int | None = None  # None: max_model_len is the only bound
@@ -79,6 +80,8 @@ class ServerConfig:
         parse_origins(self.allowed_origins)  # ValueError naming allowed_origins
         problem = None if self.tenant_header is None else header_problem(self.tenant_header)
         check("tenant_header", problem is None, problem or "")
+        budget = self.tenant_tokens_per_minute
+        check("tenant_tokens_per_minute", budget is None or budget >= 1, "must be >= 1 (or none)")
         check("tenants_file", self.tenants_file is None or not self.engine.tenant_weights,
               "give the weights in the tenants file or in tenant_weights, not both")  # fmt: skip
         check("max_request_bytes", self.max_request_bytes >= 1024, "must be >= 1024")
@@ -238,6 +241,12 @@ SETTINGS: tuple[Setting, ...] = (
         "a file of tenants, one a line: 'name weight [tokens_per_minute]' (# comments): the fair policy's weights "
         "(a tenant not named weighs 1) and token budgets; a line that does not parse stops the server",
         flag_name="tenants",
+    ),
+    _server(
+        "tenant_tokens_per_minute",
+        _optional_int,
+        "the token budget of each tenant the tenants file gives none: prompt + output tokens per minute; over it, "
+        "RESOURCE_EXHAUSTED / 429 with Retry-After (none = no budget)",
     ),
     _server(
         "allowed_origins",

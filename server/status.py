@@ -1,5 +1,6 @@
 """How an RPC ends when it fails: the exception as a gRPC status code, a message for people, and the contract's
-trailing metadata (`infer.api`): the reason (ERROR_REASON_KEY) and, for bad input, the field (INVALID_FIELD_KEY).
+trailing metadata (`infer.api`): the reason (ERROR_REASON_KEY), for bad input the field (INVALID_FIELD_KEY), and
+for a spent token budget the seconds to wait (RETRY_AFTER_KEY).
 Callers decide on the code and the reason, never on the message."""
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from infer.api import ERROR_REASON_KEY, INVALID_FIELD_KEY, ErrorReason
+from infer.api import ERROR_REASON_KEY, INVALID_FIELD_KEY, RETRY_AFTER_KEY, ErrorReason
 from infer.engine import InvalidInput, QueueFullError, Refusal
+from infer.server.budgets import BudgetExceededError
 from infer.server.lifecycle import NotServingError
 
 logger = logging.getLogger(__name__)
@@ -40,11 +42,13 @@ class Status:
     message: str
     reason: ErrorReason | None = None
     field: str | None = None  # the request field at fault (INVALID_ARGUMENT)
+    retry_after_s: int | None = None  # when the call would be let in (BUDGET_EXCEEDED)
 
     @property
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
         field = () if self.field is None else ((INVALID_FIELD_KEY, self.field),)
-        return field + (() if self.reason is None else ((ERROR_REASON_KEY, self.reason.value),))
+        reason = () if self.reason is None else ((ERROR_REASON_KEY, self.reason.value),)
+        return field + reason + (() if self.retry_after_s is None else ((RETRY_AFTER_KEY, str(self.retry_after_s)),))
 
 
 def status_of(error: Exception) -> Status:
@@ -57,6 +61,9 @@ def status_of(error: Exception) -> Status:
         return Status(grpc.StatusCode.INVALID_ARGUMENT, str(error), ErrorReason.INVALID_VALUE)
     if isinstance(error, QueueFullError):
         return Status(grpc.StatusCode.RESOURCE_EXHAUSTED, f"queue full: {error}", REASONS[error.reason])
+    if isinstance(error, BudgetExceededError):
+        code, reason = grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.BUDGET_EXCEEDED
+        return Status(code, str(error), reason, retry_after_s=error.retry_after_s)
     if isinstance(error, NotServingError):
         return Status(grpc.StatusCode.UNAVAILABLE, str(error), ErrorReason.NOT_SERVING)
     logger.exception("unexpected error in an RPC", exc_info=error)

@@ -50,6 +50,20 @@ class RequestTrace:
         self.started_s = self._last_token_s = time.monotonic()
         self.num_tokens = 0
         self.is_ended = False
+        self.tenant: dict[str, str] | None = None  # the per-tenant metrics' label, once the tenant is known
+
+    # per tenant
+    def for_tenant(self, label: str) -> None:
+        """Count this request under the tenant label `label` (bounded: `Tenants.label`)."""
+        self.tenant = {"tenant": label}
+
+    def on_admitted(self, num_prompt_tokens: int) -> None:
+        if self.tenant is not None:
+            self._telemetry.tenant_prompt_tokens.add(num_prompt_tokens, self.tenant)
+
+    def on_budget_refused(self) -> None:
+        if self.tenant is not None:
+            self._telemetry.tenant_budget_refusals.add(1, self.tenant)
 
     def on_output(self, out: RequestOutput) -> None:
         if out.token_ids:
@@ -67,6 +81,8 @@ class RequestTrace:
                 t.itl.record((now - self._last_token_s) / num_tokens)
         self.num_tokens += num_tokens
         self._last_token_s = now
+        if self.tenant is not None:
+            t.tenant_generation_tokens.add(num_tokens, self.tenant)
 
     def _finished(self, out: RequestOutput) -> None:
         attrs: dict[str, Any] = {"infer.finish_reason": str(out.finish_reason)}
@@ -78,6 +94,8 @@ class RequestTrace:
             }
         if out.timings is not None:
             attrs |= {"infer.queue_s": out.timings.queue_s, "infer.preemptions": out.timings.num_preemptions}
+            if self.tenant is not None:
+                self._telemetry.tenant_queue_time.record(out.timings.queue_s, self.tenant)
         self.span.set_attributes(attrs)
 
     def end(self, code: str, message: str = "") -> None:
@@ -91,6 +109,8 @@ class RequestTrace:
             self.span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code}: {message}"))
         self.span.end()
         self._telemetry.requests.add(1, {"method": self.method, "code": code})
+        if self.tenant is not None:
+            self._telemetry.tenant_requests.add(1, {**self.tenant, "code": code})
         self._telemetry.duration.record(time.monotonic() - self.started_s, {"method": self.method})
 
 
@@ -176,6 +196,27 @@ class Telemetry:
         }
         for name, (unit, description, attr) in counters.items():
             meter.create_observable_counter(name, [self._observe(attr)], unit, description)
+        self._create_tenant_instruments()
+
+    def _create_tenant_instruments(self) -> None:
+        """Per tenant, by its label: the tenants the operator's files name, the default one, and "other"."""
+        meter = self.meter_provider.get_meter("infer.server")
+        self.tenant_requests = meter.create_counter(
+            "infer.tenant.requests", "{request}", "Generate RPCs by tenant and final status code"
+        )
+        self.tenant_prompt_tokens = meter.create_counter(
+            "infer.tenant.prompt_tokens", "{token}", "prompt tokens admitted (charged to the budget), by tenant"
+        )
+        self.tenant_generation_tokens = meter.create_counter(
+            "infer.tenant.generation_tokens", "{token}", "tokens generated, by tenant"
+        )
+        self.tenant_budget_refusals = meter.create_counter(
+            "infer.tenant.budget_refusals", "{request}", "requests refused for a spent token budget, by tenant"
+        )
+        self.tenant_queue_time = meter.create_histogram(
+            "infer.tenant.queue_time", "s", "arrival in the engine to first scheduled, by tenant",
+            explicit_bucket_boundaries_advisory=TTFT_BUCKETS_S,
+        )  # fmt: skip
 
     def _observe(self, attr: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:

@@ -14,12 +14,14 @@ budget. A tenant the file does not name weighs 1 and has the default budget.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from infer.api import API_KEY_METADATA, bearer_key
 from infer.engine import DEFAULT_TENANT, InvalidInput
+from infer.server.budgets import TokenBudgets
 from infer.server.security import MAX_TENANT_CHARS, TENANT_NAME, ApiKeys
 
 OTHER_TENANTS = "other"  # the metrics' label of every tenant the file does not name (bounded cardinality)
@@ -78,11 +80,6 @@ class TenantTable:
         found = self.named.get(tenant)
         return self.default_tokens_per_minute if found is None else found.tokens_per_minute
 
-    def label(self, tenant: str) -> str:
-        """The tenant's metrics label: its name when the file names it (or it is the default tenant), else
-        "other"."""
-        return tenant if tenant in self.named or tenant == DEFAULT_TENANT else OTHER_TENANTS
-
 
 def _tenant(words: list[str], default_tokens_per_minute: int | None) -> Tenant:
     if len(words) not in (2, 3):
@@ -128,3 +125,24 @@ class TenantIdentity:
         if not isinstance(value, str) or not TENANT_NAME.match(value):
             raise InvalidInput(self.header, f"a tenant is 1 to {MAX_TENANT_CHARS} visible ASCII characters")
         return value
+
+
+class Tenants:
+    """What the servicer asks of tenants: who asks (`identity`), its metrics label (`label`: a tenant the tenants
+    file or the keys file names, or the default tenant, is its own label; any other is "other", so the labels are
+    bounded by the operator's files, not by what callers send), and the token budgets (`budgets`)."""
+
+    def __init__(
+        self,
+        identity: TenantIdentity | None = None,
+        table: TenantTable | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.identity = identity or TenantIdentity()
+        self.table = table or TenantTable()
+        self.budgets = TokenBudgets(self.table.tokens_per_minute, clock)
+        keys = self.identity.keys
+        self.labels = frozenset(self.table.named) | (keys.names if keys is not None else frozenset()) | {DEFAULT_TENANT}
+
+    def label(self, tenant: str) -> str:
+        return tenant if tenant in self.labels else OTHER_TENANTS

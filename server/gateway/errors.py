@@ -43,6 +43,7 @@ class APIError(Exception):
         self.is_upstream = False  # True when the model server refused or failed the call (`from_grpc`)
         self.upstream_field: str | None = None  # the request field the model server refused (INVALID_ARGUMENT)
         self.upstream_reason: ErrorReason | None = None  # why (the trailing metadata's ErrorReason)
+        self.retry_after_s: int | None = None  # Retry-After, when the upstream said (else RETRY_AFTER_S's)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -50,7 +51,7 @@ class APIError(Exception):
     def headers(self) -> dict[str, str]:
         if self.status == 401:
             return {"WWW-Authenticate": BEARER}
-        retry_after_s = RETRY_AFTER_S.get(self.status)
+        retry_after_s = self.retry_after_s or RETRY_AFTER_S.get(self.status)
         return {} if retry_after_s is None else {"Retry-After": str(retry_after_s)}
 
     def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -164,18 +165,20 @@ def from_grpc(error: InferError) -> APIError:
     (`error.field`) names the body's."""
     api_error = _from_status(error.code, error.details, error.field, error.reason)
     api_error.is_upstream, api_error.upstream_field, api_error.upstream_reason = True, error.field, error.reason
+    api_error.retry_after_s = error.retry_after_s
     return api_error
 
 
 def _from_status(code: grpc.StatusCode, details: str, field: str | None, reason: ErrorReason | None) -> APIError:
     """(code, reason) -> HTTP status. Only INVALID_ARGUMENT's reasons pick among statuses (400, 409, 422; and
-    `body_field`'s 400 for DOES_NOT_COMPILE); every other code maps alone."""
+    `body_field`'s 400 for DOES_NOT_COMPILE); every other code maps alone (a reason may change the words)."""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return _invalid_argument(details, field, reason)
     if code == grpc.StatusCode.UNAUTHENTICATED:  # the gateway forwards the caller's key: the caller's error
         return APIError(401, details, code="invalid_api_key")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return APIError(429, f"server busy: {details}", code="rate_limit_exceeded")
+        busy = "" if reason is ErrorReason.BUDGET_EXCEEDED else "server busy: "  # a tenant's budget: its own doing
+        return APIError(429, f"{busy}{details}", code="rate_limit_exceeded")
     if code == grpc.StatusCode.UNAVAILABLE:
         return APIError(503, f"model server unavailable: {details}", code="service_unavailable")
     if code == grpc.StatusCode.CANCELLED:

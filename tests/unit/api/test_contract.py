@@ -12,6 +12,7 @@ from infer.api import (
     FINISH_REASONS,
     INVALID_FIELD_KEY,
     REQUEST_ID,
+    RETRY_AFTER_KEY,
     SERVICE_NAME,
     UNARY_METHODS,
     ErrorReason,
@@ -50,10 +51,11 @@ def test_the_gateway_refuses_another_role() -> None:
 
 
 def test_the_error_metadata_keys_and_reasons_are_the_documented_words() -> None:
-    assert (ERROR_REASON_KEY, INVALID_FIELD_KEY) == ("infer-error-reason", "infer-invalid-field")
+    keys = (ERROR_REASON_KEY, INVALID_FIELD_KEY, RETRY_AFTER_KEY)
+    assert keys == ("infer-error-reason", "infer-invalid-field", "infer-retry-after-s")
     assert [r.value for r in ErrorReason] == [
         "INVALID_VALUE", "CONTEXT_LENGTH_EXCEEDED", "OVER_LIMIT", "DUPLICATE_REQUEST_ID", "DOES_NOT_COMPILE",
-        "QUEUE_FULL", "NOT_SERVING",
+        "QUEUE_FULL", "NOT_SERVING", "BUDGET_EXCEEDED",
     ]  # fmt: skip
 
 

@@ -1,10 +1,12 @@
 """Tenants through `infer serve`'s doors (a fake engine): a named API key's tenant, or the tenant header's on a
 keyless server, reaches the engine from gRPC and from the OpenAI gateway; the tenants file's weights reach the
-engine's config; a tenants file that does not parse stops the server before it listens, naming the line."""
+engine's config; a tenants file that does not parse stops the server before it listens, naming the line; a spent
+token budget is RESOURCE_EXHAUSTED / 429 with Retry-After; per-tenant metrics keep to a bounded set of labels."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,8 +15,9 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from prometheus_client import generate_latest
 
-from infer.api import INVALID_FIELD_KEY, pb, pb_grpc
+from infer.api import ERROR_REASON_KEY, INVALID_FIELD_KEY, RETRY_AFTER_KEY, ErrorReason, pb, pb_grpc
 from infer.engine import DEFAULT_TENANT
 from infer.engine.async_engine import AsyncEngine
 from infer.server.app import InferenceServer, start_gateway
@@ -149,3 +152,78 @@ def test_a_tenants_file_that_does_not_parse_stops_the_server_naming_the_line(
             "--metrics-port", "off", "--scheduling-policy", "fair"]  # fmt: skip
     assert main(argv) == 2
     assert f"error: tenants_file: {path} line 2: weight 'one': not a number" in capsys.readouterr().err
+
+
+# budgets and metrics
+
+
+def _spend(s: Serving, tenant: str) -> grpc.RpcError:
+    """Requests of `tenant` until its budget refuses one; that refusal."""
+    for _ in range(50):
+        try:
+            s.generate((("x-tenant", tenant),))
+        except grpc.RpcError as e:
+            return e
+    raise AssertionError(f"{tenant}: never refused")
+
+
+def test_a_spent_budget_is_resource_exhausted_then_429_with_retry_after_and_no_kv_leak(
+    loop: LoopThread, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = tmp_path / "tenants"
+    path.write_text("light 1 30  # 30 tokens a minute: a few requests\nheavy 2 none\n")
+    with serving(loop, monkeypatch, tenant_header="x-tenant", tenants_file=str(path), http_port=0) as s:
+        refused = _spend(s, "light")
+        metadata = dict(refused.trailing_metadata() or ())
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert metadata[ERROR_REASON_KEY] == ErrorReason.BUDGET_EXCEEDED
+        assert 1 <= int(metadata[RETRY_AFTER_KEY]) <= 60
+        assert "tenant 'light' is over its token budget of 30 tokens per minute" in refused.details()
+        num_admitted = len(s.tenants)
+        for stream in (False, True):
+            body = {"model": "fake", "prompt": "Hello", "max_tokens": 2, "stream": stream}
+            response = httpx.post(f"{s.http}/v1/completions", json=body, headers={"x-tenant": "light"}, timeout=30)
+            assert response.status_code == 429, response.text
+            assert 1 <= int(response.headers["retry-after"]) <= 60
+            error = response.json()["error"]
+            assert error["code"] == "rate_limit_exceeded" and "30 tokens per minute" in error["message"]
+        for _ in range(5):
+            s.generate((("x-tenant", "heavy"),))  # no budget: never refused
+        assert s.tenants.count("light") == num_admitted  # the refused ones never reached the engine
+        stats = s.server.engine.stats() if s.server.engine else None
+        assert stats is not None and stats.num_blocks_used == stats.num_running == stats.num_waiting == 0
+
+
+def test_the_default_budget_covers_the_tenants_the_file_gives_none(
+    loop: LoopThread, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = tmp_path / "tenants"
+    path.write_text("vip 1 none\n")
+    with serving(loop, monkeypatch, tenant_header="x-tenant", tenants_file=str(path), tenant_tokens_per_minute=20) as s:
+        for tenant in ("stranger", DEFAULT_TENANT):
+            assert _spend(s, tenant).code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # each its own bucket
+        for _ in range(10):
+            s.generate((("x-tenant", "vip"),))
+
+
+def test_per_tenant_metrics_label_the_named_tenants_and_other(
+    loop: LoopThread, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = tmp_path / "tenants"
+    path.write_text("light 1 30\n")
+    with serving(loop, monkeypatch, tenant_header="x-tenant", tenants_file=str(path)) as s:
+        _spend(s, "light")
+        for i in range(5):
+            s.generate((("x-tenant", f"caller-{i}"),))  # five tenants the file does not name: one label
+        s.generate()
+        scrape = generate_latest(s.server.telemetry.registry).decode()
+    samples = {line for line in scrape.splitlines() if line.startswith("infer_tenant_")}
+    tenants = {label for line in samples for label in re.findall(r'tenant="([^"]*)"', line)}
+    assert tenants == {"light", "other", DEFAULT_TENANT}, sorted(samples)
+    assert 'infer_tenant_requests_total{code="OK",tenant="other"} 5.0' in samples
+    assert 'infer_tenant_requests_total{code="RESOURCE_EXHAUSTED",tenant="light"} 1.0' in samples
+    assert 'infer_tenant_budget_refusals_total{tenant="light"} 1.0' in samples
+    assert 'infer_tenant_generation_tokens_total{tenant="other"} 10.0' in samples  # max_tokens 2, five requests
+    prompt = next(line for line in samples if line.startswith('infer_tenant_prompt_tokens_total{tenant="default"}'))
+    assert float(prompt.split()[-1]) > 0
+    assert any(line.startswith('infer_tenant_queue_time_seconds_count{tenant="light"}') for line in samples)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from infer.api import ERROR_REASON_KEY, INVALID_FIELD_KEY, ErrorReason
+from infer.api import ERROR_REASON_KEY, INVALID_FIELD_KEY, RETRY_AFTER_KEY, ErrorReason, retry_after_s
 from infer.engine import InvalidInput, QueueFullError, Refusal
+from infer.server.budgets import BudgetExceededError
 from infer.server.lifecycle import NotServingError
 from infer.server.status import REASONS, Status, StatusError, status_of
 
@@ -43,3 +44,14 @@ def test_other_failures_carry_a_reason_only_where_the_code_leaves_one_open(
 
 def test_a_status_without_reason_or_field_sends_no_metadata() -> None:
     assert Status(grpc.StatusCode.DEADLINE_EXCEEDED, "late").trailing_metadata == ()
+
+
+def test_a_spent_budget_says_its_reason_and_when_to_retry() -> None:
+    status = status_of(BudgetExceededError("light", 600, 7))
+    assert (status.code, status.reason, status.retry_after_s) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ErrorReason.BUDGET_EXCEEDED,
+        7,
+    )
+    assert status.trailing_metadata == ((ERROR_REASON_KEY, "BUDGET_EXCEEDED"), (RETRY_AFTER_KEY, "7"))
+    assert retry_after_s(status.trailing_metadata) == 7 and retry_after_s(()) is None

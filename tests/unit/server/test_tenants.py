@@ -9,7 +9,7 @@ import pytest
 
 from infer.engine import DEFAULT_TENANT, InvalidInput
 from infer.server.security import ApiKeys, header_problem
-from infer.server.tenants import OTHER_TENANTS, TenantIdentity, TenantTable
+from infer.server.tenants import OTHER_TENANTS, TenantIdentity, Tenants, TenantTable
 
 # the tenants file
 
@@ -27,14 +27,13 @@ def test_a_tenants_file_gives_weights_and_budgets(tmp_path: Path) -> None:
     assert TenantTable.read(None).weights == () and TenantTable.read(None).tokens_per_minute("x") is None
 
 
-def test_tenant_labels_are_the_named_tenants_and_other(tmp_path: Path) -> None:
-    table = TenantTable.parse(["gold 2"], "tenants")
-    assert [table.label(t) for t in ("gold", DEFAULT_TENANT, "key-0123abcd", "x")] == [
-        "gold",
-        DEFAULT_TENANT,
-        OTHER_TENANTS,
-        OTHER_TENANTS,
-    ]
+def test_metric_labels_are_the_named_tenants_the_default_and_other() -> None:
+    keys = ApiKeys([("team-a", "sk-a"), "sk-anon"])
+    tenants = Tenants(TenantIdentity(keys), TenantTable.parse(["gold 2"], "tenants"))
+    anon = keys.tenant_of("sk-anon")
+    assert anon is not None
+    labels = [tenants.label(t) for t in ("gold", "team-a", DEFAULT_TENANT, anon, "x", OTHER_TENANTS)]
+    assert labels == ["gold", "team-a", DEFAULT_TENANT, OTHER_TENANTS, OTHER_TENANTS, OTHER_TENANTS]
 
 
 @pytest.mark.parametrize(
