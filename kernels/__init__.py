@@ -10,6 +10,7 @@ from infer.kernels.backend import BACKENDS, select_kernels
 from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights
 from infer.kernels.ggml_blocks import BlockPlan, BlockRows, Codes, Scales, pack_ggml_blocks
 from infer.kernels.int4 import Int4Weight, Int5Weight, pack_int4, pack_int4_super, pack_int5, pack_int5_super
+from infer.kernels.int6 import Int6Weight, pack_int6
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.int8g import Int8GroupWeight, pack_int8g, pack_int8g_super
 from infer.kernels.interface import Kernels, LinearWeight
@@ -27,6 +28,7 @@ __all__ = [
     "FusedDecoder",
     "Int4Weight",
     "Int5Weight",
+    "Int6Weight",
     "Int8GroupWeight",
     "Int8Weight",
     "Kernels",
@@ -43,6 +45,7 @@ __all__ = [
     "pack_int4_super",
     "pack_int5",
     "pack_int5_super",
+    "pack_int6",
     "pack_int8g",
     "pack_int8g_super",
     "select_kernels",

@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
 SOURCES = (
-    "paged_attention.cpp", "int8_linear.cpp", "int4_linear.cpp", "int8g_linear.cpp", "dense_linear.cpp",
-    "rms_norm.cpp", "ggml_pack.cpp", "rotary.cpp", "decoder_stack.cpp",
+    "paged_attention.cpp", "int8_linear.cpp", "int4_linear.cpp", "int6_linear.cpp", "int8g_linear.cpp",
+    "dense_linear.cpp", "rms_norm.cpp", "ggml_pack.cpp", "rotary.cpp", "decoder_stack.cpp",
 )  # fmt: skip
 LIBRARY_NAME = "infer_cpu"
 

@@ -1,10 +1,10 @@
-"""ggml's quantized blocks (a GGUF file's tensors) packed straight into int4, int5 or int8g by the compiled op.
+"""ggml's quantized blocks (a GGUF file's tensors) packed straight into int4, int5, int6 or int8g by the compiled op.
 
 `pack_ggml_blocks` takes the raw blocks of one or more tensors (the row blocks of one weight: q, k, v; gate, up),
 the row order of the output, and a `BlockPlan` (which format, group, how scales are stored), and returns the
 packed weight in one pass (`csrc/ggml_pack.cpp`): the same bytes as decoding the blocks into codes and scales
-(engine/gguf/quants.py) and packing those with `pack_int4*` / `pack_int5*` / `pack_int8g*`, its test oracle and the
-fallback where the compiled kernels are not built (it returns None then).
+(engine/gguf/quants.py) and packing those with `pack_int4*` / `pack_int5*` / `pack_int6` / `pack_int8g*`, its test
+oracle and the fallback where the compiled kernels are not built (it returns None then).
 """
 
 from __future__ import annotations
@@ -20,19 +20,21 @@ import torch
 from infer.kernels import cpu
 from infer.kernels.int4 import GROUP as INT4_GROUP
 from infer.kernels.int4 import Int4Weight, Int5Weight
+from infer.kernels.int6 import GROUP as INT6_GROUP
+from infer.kernels.int6 import Int6Weight
 from infer.kernels.int8g import GROUPS, Int8GroupWeight
 from infer.kernels.packed import SUPER_SCALES, PackedWeight
 
 Scales = Literal["fp16", "fp32", "two_level"]
-Codes = Literal["int4", "int5", "int8g"]
-_FORMATS = {"int4": 0, "int8g": 1, "int5": 2}  # csrc/ggml_pack.cpp: Format
+Codes = Literal["int4", "int5", "int6", "int8g"]
+_FORMATS = {"int4": 0, "int8g": 1, "int5": 2, "int6": 3}  # csrc/ggml_pack.cpp: Format
 _SCALES = {"fp16": (0, torch.float16), "fp32": (1, torch.float32), "two_level": (2, SUPER_SCALES)}  # ggml_pack.cpp
 
 
 @dataclass(frozen=True)
 class BlockPlan:
-    """How a weight is packed: int4 or int5 (groups of 32, with minimums) or int8g, and how its scales are
-    stored."""
+    """How a weight is packed: int4 or int5 (groups of 32, with minimums), int6 (Q6_K's: groups of 16, symmetric,
+    two-level scales) or int8g, and how its scales are stored."""
 
     codes: Codes
     group: int  # 16 or 32 inputs a scale
@@ -41,8 +43,11 @@ class BlockPlan:
 
     def __post_init__(self) -> None:
         if self.codes not in _FORMATS:
-            raise ValueError(f"codes are int4, int5 or int8g, not {self.codes!r}")
-        if self.group not in GROUPS or (self.codes != "int8g" and (self.group != INT4_GROUP or not self.has_min)):
+            raise ValueError(f"codes are int4, int5, int6 or int8g, not {self.codes!r}")
+        if self.codes == "int6":
+            if (self.group, self.has_min, self.scales) != (INT6_GROUP, False, "two_level"):
+                raise ValueError(f"no packed format for {self}")
+        elif self.group not in GROUPS or (self.codes != "int8g" and (self.group != INT4_GROUP or not self.has_min)):
             raise ValueError(f"no packed format for {self}")
         if self.scales not in _SCALES:
             raise ValueError(f"scales are stored as fp16, fp32 or two_level, not {self.scales!r}")
@@ -82,6 +87,8 @@ def pack_ggml_blocks(
     except RuntimeError as e:
         raise ValueError(str(e).splitlines()[0]) from None
     n = int(rows.numel())
+    if plan.codes == "int6":
+        return Int6Weight(packed, n, cols)
     if plan.codes != "int8g":
         return (Int4Weight if plan.codes == "int4" else Int5Weight)(packed, n, cols)
     return Int8GroupWeight(packed, n, cols, plan.group, plan.has_min, plan.scale_dtype)

@@ -2,8 +2,9 @@
 
 A format owns its packing, its dequantized view, its reference linear, its compiled op and the arguments the
 fused stack takes, so that `Kernels.linear` and the fused stack dispatch through the object and never ask which
-format they hold. The formats: `Int8Weight` (int8.py, per channel), `Int4Weight` (int4.py, groups of 32,
-fp16, fp32 or two-level scales) and `Int8GroupWeight` (int8g.py, groups of 16 or 32, the same three).
+format they hold. The formats: `Int8Weight` (int8.py, per channel), `Int4Weight` and `Int5Weight` (int4.py,
+groups of 32, fp16, fp32 or two-level scales), `Int6Weight` (int6.py, Q6_K's groups of 16, two-level scales) and
+`Int8GroupWeight` (int8g.py, groups of 16 or 32, the same three).
 
 Scales (and minimums) per group are stored one of three ways (`scale_dtype`): fp16 (GGUF's Q4_0, Q8_0...),
 fp32 (exact for any product), or two-level as K-quants ship them (`SuperScales`, `scale_dtype` int8): per strip of

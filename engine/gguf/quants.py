@@ -179,7 +179,8 @@ class Form:
 
     group: int  # inputs a scale
     has_min: bool
-    bits: int  # 4: codes in 0..15 at groups of 32 (int4 holds them); 5: in 0..31 (int5; Q5_0's + 16); else 8
+    bits: int  # 4: codes in 0..15 at groups of 32 (int4 holds them); 5: in 0..31 (int5; Q5_0's + 16); 6: Q6_K's
+    # (int6; its codes + 32); else 8
     two_level: bool  # K-quant scales: fp16 per 256 inputs times 8 bits per group
     fp16_scales: bool  # scale and minimum are fp16 values (the file's; Q4_0's -8 d unless it overflows)
 
@@ -194,7 +195,7 @@ FORMS = {
     GGMLQuantizationType.Q3_K: Form(16, has_min=False, bits=8, two_level=True, fp16_scales=False),
     GGMLQuantizationType.Q4_K: Form(32, has_min=True, bits=4, two_level=True, fp16_scales=False),
     GGMLQuantizationType.Q5_K: Form(32, has_min=True, bits=5, two_level=True, fp16_scales=False),
-    GGMLQuantizationType.Q6_K: Form(16, has_min=False, bits=8, two_level=True, fp16_scales=False),
+    GGMLQuantizationType.Q6_K: Form(16, has_min=False, bits=6, two_level=True, fp16_scales=False),
 }
 ROUNDED_FORM = Form(32, has_min=False, bits=8, two_level=False, fp16_scales=False)  # any other type
 

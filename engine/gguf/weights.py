@@ -4,7 +4,7 @@
 - float tensors (F32, F16, BF16: norms, biases, float weights) are copied into the model's parameters;
 - quantized weights of the linear layers are decoded into grouped form (`quants.decode`, exact) and packed into
   one of the kernels' formats without a second rounding: all-4-bit parts (Q4_0, Q4_1, Q4_K) into int4, parts of
-  at most 5 bits (Q5_0, Q5_1, Q5_K beside those) into int5, the
+  at most 5 bits (Q5_0, Q5_1, Q5_K beside those) into int5, all-Q6_K parts into int6, the
   rest (and fused projections whose parts differ, e.g. a Q4_K q/k beside a Q6_K v) into the 8-bit grouped format,
   whose int8 codes hold every type's codes; scales and minimums stay fp16 where the file's were, fp32 where
   K-quant sub-block scales were folded in;
@@ -43,6 +43,7 @@ from infer.kernels import (
     pack_int4_super,
     pack_int5,
     pack_int5_super,
+    pack_int6,
     pack_int8g,
     pack_int8g_super,
 )
@@ -171,15 +172,20 @@ class _Part:
 
 def block_plan(types: Sequence[GGMLQuantizationType], cols: int) -> BlockPlan:
     """How row blocks of one weight (q, k, v; gate, up) of these types are packed, exactly, from the types alone:
-    int4 when every part is 4-bit in groups of 32, int5 when every part is at most 5-bit in groups of 32 (so a
-    step reads the file's bytes, not 8 bits a weight), else the 8-bit grouped format at the finest group of the parts;
+    int4 when every part is 4-bit in groups of 32, int5 when every part is at most 5-bit in groups of 32, int6 when
+    every part is Q6_K (so a step reads the file's bytes, not 8 bits a weight), else the 8-bit grouped format at the
+    finest group of the parts;
     scales stored the K-quant way (fp16 per 256 inputs times 8 bits per group) where every part is a K-quant, as
     fp16 where every part's are fp16 values, else as fp32."""
     forms = [form(t) for t in types]
     bits = max(f.bits for f in forms)
-    codes: Codes = "int4" if bits == 4 else "int5" if bits == 5 else "int8g"
     two_level = all(f.two_level for f in forms) and cols % SUPER_BLOCK == 0
+    if bits == 6 and not (two_level and all(f.bits == 6 and not f.has_min for f in forms)):
+        bits = 8  # NOTE: int6 holds Q6_K alone (symmetric, groups of 16); a Q6_K beside other types takes int8g
+    codes: Codes = "int4" if bits == 4 else "int5" if bits == 5 else "int6" if bits == 6 else "int8g"
     scales: Scales = "two_level" if two_level else "fp16" if all(f.fp16_scales for f in forms) else "fp32"
+    if codes == "int6":
+        return BlockPlan(codes, 16, scales, has_min=False)
     has_min = codes != "int8g" or any(f.has_min for f in forms)
     return BlockPlan(codes, 32 if codes != "int8g" else min(f.group for f in forms), scales, has_min)
 
@@ -191,6 +197,9 @@ def pack_grouped(parts: Sequence[Grouped], plan: BlockPlan) -> PackedWeight:
     if plan.scales == "two_level" and sup is None:
         raise ValueError("two-level scales need K-quants in every part")
     dtype = plan.scale_dtype  # fp16 or fp32 where not two-level
+    if plan.codes == "int6":  # Q6_K's signed codes (-32..31) + 32
+        assert sup is not None
+        return pack_int6(torch.from_numpy((_joined([p.codes for p in parts]) + np.int8(32)).view(np.uint8)), sup)
     if plan.codes != "int8g":
         parts = [_unsigned(p) for p in parts]
         codes = torch.from_numpy(_joined([p.codes for p in parts]).view(np.uint8))

@@ -20,15 +20,16 @@
 namespace infer_cpu {
 namespace {
 
-// kernels/fused.py: FLOAT_FORMAT; the packed formats' `format_id` (int8.py, int4.py, int8g.py; int4.py's Int5Weight)
-enum Format : int64_t { kFloat = 0, kInt8 = 1, kInt4 = 2, kInt8G = 3, kInt5 = 4 };
+// kernels/fused.py: FLOAT_FORMAT; the packed formats' `format_id` (int8.py, int4.py, int8g.py; int4.py's Int5Weight,
+// int6.py)
+enum Format : int64_t { kFloat = 0, kInt8 = 1, kInt4 = 2, kInt8G = 3, kInt5 = 4, kInt6 = 5 };
 
 struct Linear {
   int64_t format = kFloat;
   at::Tensor weight;  // kFloat: [N, K] fp32, rows contiguous; kInt8: packed [N_pad / 16, K_pad / 2, 16, 2];
                       // kInt4: packed [N_pad / 16, K_pad / 32, 320 | 384] or [N_pad / 16, K / 256, 2368]
                       // (two-level scales); kInt8G: packed [N_pad / 16, K / G, block] or [.., K / 256, block];
-                      // kInt5: as kInt4 with 384 | 448 or 2880
+                      // kInt5: as kInt4 with 384 | 448 or 2880; kInt6: packed [N_pad / 16, K / 256, 3360]
   at::Tensor scale;   // kInt8: [N_pad] fp32 (kInt4 and kInt8G keep their scales in the blocks)
   c10::optional<at::Tensor> bias;
   int64_t out_features = 0;
@@ -47,6 +48,7 @@ at::Tensor linear(const at::Tensor& x, const Linear& w) {
     case kInt8: return int8_linear(x, w.weight, w.scale, w.bias, w.out_features);
     case kInt4: return int4_linear(x, w.weight, w.bias, w.out_features);
     case kInt5: return int5_linear(x, w.weight, w.bias, w.out_features);
+    case kInt6: return int6_linear(x, w.weight, w.bias, w.out_features);
     case kInt8G: return int8g_linear(x, w.weight, w.bias, w.out_features, w.group, w.scale_bytes, w.has_min);
     default: return dense_linear(x, w.weight, w.bias);
   }
@@ -97,7 +99,7 @@ class DecoderStack : public torch::CustomClassHolder {
     L.pre_ffn_norm = optional_tensor(norms[4]), L.post_ffn_norm = optional_tensor(norms[5]);
     Linear* targets[4] = {&L.qkv, &L.o, &L.gate_up, &L.down};
     for (int i = 0; i < 4; ++i) {
-      TORCH_CHECK(formats[i] >= kFloat && formats[i] <= kInt5, "DecoderStack.add_layer: unknown format ", formats[i]);
+      TORCH_CHECK(formats[i] >= kFloat && formats[i] <= kInt6, "DecoderStack.add_layer: unknown format ", formats[i]);
       const at::Tensor& weight = linears[3 * i];
       TORCH_CHECK(formats[i] != kFloat || (weight.scalar_type() == at::kFloat && weight.is_contiguous()),
                   "DecoderStack.add_layer: a float weight must be contiguous fp32");

@@ -1,8 +1,8 @@
 // ggml's quantized blocks (the tensors of a GGUF file) straight into the kernels' packed formats (int4, int5,
-// int8g), in one pass.
+// int6, int8g), in one pass.
 //
 // The same bytes as engine/gguf/quants.py's `decode` followed by kernels/int4.py's `pack_int4*` or
-// kernels/int8g.py's `pack_int8g*` (the Python path is the test oracle and the fallback), without the
+// kernels/int6.py's `pack_int6` or kernels/int8g.py's `pack_int8g*` (the Python path is the test oracle and the fallback), without the
 // intermediate arrays: a thread owns whole strips of 16 output channels, decodes each channel's source row
 // (codes, per-group scales and minimums, or a K-quant's two levels) into a row buffer, and writes the strip's
 // blocks. The rows of one output may come from several tensors (fused q/k/v, gate/up) of different types, in any
@@ -45,7 +45,8 @@ struct TypeInfo {
   int64_t group;  // weights a scale
   bool has_min;
   bool k_quant;
-  int64_t bits;   // the unsigned codes int4 / int5 take: 4, 5 (Q5_0's signed codes + 16), else 8
+  int64_t bits;   // the unsigned codes int4 / int5 / int6 take: 4, 5 (Q5_0's signed codes + 16), 6 (Q6_K's + 32),
+                  // else 8
 };
 
 TypeInfo type_info(int64_t type) {
@@ -59,7 +60,7 @@ TypeInfo type_info(int64_t type) {
     case kQ3_K: return {256, 110, 16, false, true, 8};
     case kQ4_K: return {256, 144, 32, true, true, 4};
     case kQ5_K: return {256, 176, 32, true, true, 5};
-    case kQ6_K: return {256, 210, 16, false, true, 8};
+    case kQ6_K: return {256, 210, 16, false, true, 6};
     default: TORCH_CHECK(false, "ggml_pack: unsupported ggml type ", type);
   }
 }
@@ -201,7 +202,7 @@ void decode_row(int64_t type, const uint8_t* row, int64_t cols, Row& out) {
   }
 }
 
-enum Format : int64_t { kInt4 = 0, kInt8g = 1, kInt5 = 2 };
+enum Format : int64_t { kInt4 = 0, kInt8g = 1, kInt5 = 2, kInt6 = 3 };
 enum Scales : int64_t { kHalf = 0, kFloat = 1, kTwoLevel = 2 };
 
 struct Plan {
@@ -209,10 +210,11 @@ struct Plan {
   bool has_min;
   int64_t cols;
   int64_t scale_bytes() const { return scales == kHalf ? 2 : scales == kFloat ? 4 : 1; }
-  int64_t code_bytes() const {  // a group's codes: nibbles (int4), then fifth bits (int5); int8 (int8g)
-    return format == kInt8g ? kStrip * group : kStrip * group / 2 + (format == kInt5 ? kStrip * 4 : 0);
+  int64_t code_bytes() const {  // a group's codes: nibbles (int4), then fifth (int5) or top two bits (int6); int8
+    if (format == kInt8g) return kStrip * group;
+    return kStrip * group / 2 + (format == kInt5 || format == kInt6 ? kStrip * 4 : 0);
   }
-  int64_t bits() const { return format == kInt4 ? 4 : format == kInt5 ? 5 : 8; }
+  int64_t bits() const { return format == kInt4 ? 4 : format == kInt5 ? 5 : format == kInt6 ? 6 : 8; }
   int64_t group_bytes() const { return code_bytes() + kStrip * scale_bytes() * (has_min ? 2 : 1); }
   int64_t head_bytes() const { return scales == kTwoLevel ? kStrip * 2 * (has_min ? 2 : 1) : 0; }
   int64_t unit() const { return scales == kTwoLevel ? kSuper : group; }  // inputs of the packed tensor's last dim
@@ -222,7 +224,7 @@ struct Plan {
 struct Source {
   const uint8_t* data;
   int64_t type, rows, row_bytes, group;
-  bool shift;  // int5 from Q5_0: codes + 16, minimum -16 d
+  int shift;  // added to the codes: 16 for int5 from Q5_0 (minimum -16 d), 32 for int6 from Q6_K, else 0
 };
 
 // int5's fifth-bit lane: bit of k = 8 j + t (t 0..7) -> lane bit (csrc/int4_linear.cpp): the pairs' order
@@ -234,6 +236,13 @@ constexpr std::array<int, 32> lane_bits() {
   return bit;
 }
 constexpr std::array<int, 32> kLaneBit = lane_bits();
+// int6's lane of top two bits: slot t (bits 2t, 2t + 1) holds those of k = kOfSlot[t] (csrc/int6_linear.cpp)
+constexpr std::array<int, 16> slot_ks() {
+  std::array<int, 16> k{};
+  for (int i = 0; i < 8; ++i) k[i] = 8 * (i / 4) + kPairLow[i % 4], k[8 + i] = 8 * (i / 4) + kPairHigh[i % 4];
+  return k;
+}
+constexpr std::array<int, 16> kOfSlot = slot_ks();
 
 // writes one value as the plan stores scales; false when it is not finite there
 inline bool put_scale(uint8_t* p, float v, int64_t scales) {
@@ -251,7 +260,7 @@ inline bool put_scale(uint8_t* p, float v, int64_t scales) {
 // channel c's codes of group g (at the plan's group) into the group's block
 inline void put_codes(const Plan& P, uint8_t* block, int64_t c, const int8_t* q, int shift) {
   if (P.format != kInt8g) {  // byte 64 j + 4 c + b: k = 8 j + b low, 8 j + 4 + b high
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < P.group / 8; ++j)
       for (int b = 0; b < 4; ++b)
         block[64 * j + 4 * c + b] =
             static_cast<uint8_t>(((q[8 * j + b] + shift) & 15) | (((q[8 * j + 4 + b] + shift) & 15) << 4));
@@ -259,6 +268,10 @@ inline void put_codes(const Plan& P, uint8_t* block, int64_t c, const int8_t* q,
       uint32_t lane = 0;
       for (int k = 0; k < 32; ++k) lane |= static_cast<uint32_t>(((q[k] + shift) >> 4) & 1) << kLaneBit[k];
       std::memcpy(block + 256 + 4 * c, &lane, sizeof lane);
+    } else if (P.format == kInt6) {  // then channel c's 32-bit lane of top two bits
+      uint32_t lane = 0;
+      for (int t = 0; t < 16; ++t) lane |= static_cast<uint32_t>(((q[kOfSlot[t]] + shift) >> 4) & 3) << (2 * t);
+      std::memcpy(block + 128 + 4 * c, &lane, sizeof lane);
     }
   } else {  // byte 32 j + 2 c + b: k = 2 j + b
     for (int64_t j = 0; j < P.group / 2; ++j) {
@@ -271,7 +284,7 @@ inline void put_codes(const Plan& P, uint8_t* block, int64_t c, const int8_t* q,
 // channel c of a strip (its row decoded in `row`) into the strip's bytes; false on a scale the plan cannot store
 bool put_channel(const Plan& P, uint8_t* strip, int64_t c, const Row& row, const Source& src) {
   const int64_t src_group = src.group;
-  const int shift = src.shift ? 16 : 0;
+  const int shift = src.shift;
   const int64_t units = P.cols / P.unit(), groups_a_unit = P.unit() / P.group;
   const int64_t sb = P.scale_bytes();
   bool ok = true;
@@ -291,7 +304,7 @@ bool put_channel(const Plan& P, uint8_t* strip, int64_t c, const Row& row, const
         tail[c] = static_cast<uint8_t>(row.d_sub[sg]);
         if (P.has_min) tail[kStrip + c] = static_cast<uint8_t>(row.m_sub[sg]);
       } else {
-        const float minimum = shift ? row.scale[sg] * -16.f : row.minimum[sg];
+        const float minimum = shift ? row.scale[sg] * static_cast<float>(-shift) : row.minimum[sg];
         ok &= put_scale(tail + sb * c, row.scale[sg], P.scales);
         if (P.has_min) ok &= put_scale(tail + sb * (kStrip + c), minimum, P.scales);
       }
@@ -308,10 +321,13 @@ bool put_channel(const Plan& P, uint8_t* strip, int64_t c, const Row& row, const
 at::Tensor ggml_pack(const std::vector<at::Tensor>& parts, const std::vector<int64_t>& types, const at::Tensor& order,
                      int64_t cols, int64_t format, int64_t group, int64_t scales, bool has_min) {
   TORCH_CHECK(parts.size() == types.size() && !parts.empty(), "ggml_pack: one type per part");
-  TORCH_CHECK(format == kInt4 || format == kInt8g || format == kInt5, "ggml_pack: format is 0 (int4), 1 (int8g) or 2 (int5)");
+  TORCH_CHECK(format >= kInt4 && format <= kInt6, "ggml_pack: format is 0 (int4), 1 (int8g), 2 (int5) or 3 (int6)");
   TORCH_CHECK(scales >= kHalf && scales <= kTwoLevel, "ggml_pack: scales are 0 (fp16), 1 (fp32) or 2 (two-level)");
   TORCH_CHECK(group == 16 || group == 32, "ggml_pack: groups of 16 or 32");
-  TORCH_CHECK(format == kInt8g || (group == 32 && has_min), "ggml_pack: int4 and int5 have groups of 32 with minimums");
+  TORCH_CHECK(format == kInt8g || format == kInt6 || (group == 32 && has_min),
+              "ggml_pack: int4 and int5 have groups of 32 with minimums");
+  TORCH_CHECK(format != kInt6 || (group == 16 && !has_min && scales == kTwoLevel),
+              "ggml_pack: int6 has groups of 16, no minimums, two-level scales");
   TORCH_CHECK(order.scalar_type() == at::kLong && order.dim() == 1 && order.is_contiguous(), "ggml_pack: order is [N] int64");
   const Plan P{format, group, scales, has_min, cols};
   TORCH_CHECK(cols > 0 && cols % P.unit() == 0, "ggml_pack: ", cols, " columns are not a whole number of ", P.unit());
@@ -328,7 +344,7 @@ at::Tensor ggml_pack(const std::vector<at::Tensor>& parts, const std::vector<int
     TORCH_CHECK(raw.scalar_type() == at::kByte && raw.is_contiguous(), "ggml_pack: parts are contiguous uint8");
     const int64_t row_bytes = cols / t.block * t.bytes;
     TORCH_CHECK(raw.numel() % row_bytes == 0, "ggml_pack: part ", i, " is not a whole number of rows");
-    const bool shift = format == kInt5 && !t.has_min;  // Q5_0
+    const int shift = format == kInt5 && !t.has_min ? 16 : format == kInt6 ? 32 : 0;  // Q5_0's, Q6_K's
     sources.push_back({raw.const_data_ptr<uint8_t>(), types[i], raw.numel() / row_bytes, row_bytes, t.group, shift});
     total_rows += sources.back().rows;
   }

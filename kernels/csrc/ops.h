@@ -24,6 +24,11 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
 at::Tensor int5_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                        int64_t out_features);
 
+// int6_linear.cpp: x [M, K] . dequantize(packed)^T + bias, packed by kernels/int6.py (Q6_K's 6-bit codes and
+// two-level scales)
+at::Tensor int6_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                       int64_t out_features);
+
 // int8g_linear.cpp: x [M, K] . dequantize(packed)^T + bias, packed by kernels/int8g.py (groups of 16 or 32;
 // scale_bytes 2: fp16, 4: fp32, 1: two-level)
 at::Tensor int8g_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,

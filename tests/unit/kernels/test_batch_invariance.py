@@ -4,7 +4,7 @@ A request's tokens must never depend on what else is in its batch. Each op of a 
 (the compiled CPU backend) computes a row the same way whatever the number of rows in the call and
 wherever the row sits in it: checked here op by op, with `torch.equal`, not a tolerance, for every row of
 each call, so every position of the kernels' full register tiles (4 rows for dense, up to 8 for int4, int5,
-int8g) and of their leftover tiles is compared with the row alone (tests/mutants: a full tile moved by one
+int6, int8g) and of their leftover tiles is compared with the row alone (tests/mutants: a full tile moved by one
 ulp fails here).
 """
 
@@ -18,11 +18,14 @@ import torch
 from infer.kernels import (
     AttentionSpec,
     Int5Weight,
+    Int6Weight,
     Kernels,
     RopeConfig,
     RotaryAngles,
+    SuperScales,
     cos_sin_cache,
     pack_int5,
+    pack_int6,
     select_kernels,
 )
 from tests.helpers.compiled import require_compiled_kernels
@@ -38,9 +41,11 @@ FORMATS = {
     "int8": (torch.float32, "int8"),
     "int4": (torch.float32, "int4"),
     "int5": (torch.float32, "int5"),
+    "int6": (torch.float32, "int6"),
     "int8g": (torch.float32, "int8g"),
 }
-LINEAR_SHAPES = [(960, 576), (576, 1536), (101, 37), (49, 70)]  # (N, K): the default model's, odd tails
+# (N, K): the default model's, odd tails, an odd N at two super-blocks (int6 takes K a multiple of 256 only)
+LINEAR_SHAPES = [(960, 576), (576, 1536), (101, 37), (49, 70), (101, 512)]
 
 
 @pytest.fixture
@@ -74,6 +79,16 @@ def _int5(weight: torch.Tensor) -> Int5Weight:
     return pack_int5(codes, d, m, torch.float16)
 
 
+def _int6(weight: torch.Tensor) -> Int6Weight:
+    """An int6 weight of `weight`'s shape (Q6_K's): random codes, d_sub over int8's range, small fp16 d_super."""
+    n, k = weight.shape
+    gen = torch.Generator().manual_seed(n + k)
+    codes = torch.randint(0, 64, (n, k), generator=gen, dtype=torch.uint8)
+    d_sub = torch.randint(-128, 128, (n, k // 16), generator=gen, dtype=torch.int8)
+    d_super = (torch.rand(n, k // 256, generator=gen) / 256 / k**0.5).half().float()
+    return pack_int6(codes, SuperScales(d_sub, d_super))
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize(("n", "k"), LINEAR_SHAPES)
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -81,10 +96,13 @@ def test_linear_rows_do_not_depend_on_the_row_count(
     kernels: Callable[[torch.dtype], Kernels], fmt: str, n: int, k: int, with_bias: bool
 ) -> None:
     dtype, method = FORMATS[fmt]
+    if method == "int6" and k % 256:
+        pytest.skip("int6 takes in_features a multiple of 256")
     ks = kernels(dtype)
     gen = torch.Generator().manual_seed(n * k)
     weight = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
-    packed = weight if method is None else _int5(weight) if method == "int5" else ks.quantize(weight, method)
+    special = {"int5": _int5, "int6": _int6}
+    packed = weight if method is None else special[method](weight) if method in special else ks.quantize(weight, method)
     bias = torch.randn(n, generator=gen).to(dtype) if with_bias else None
     pool = torch.randn(NUM_POOL_ROWS, k, generator=gen).to(dtype)
     with torch.inference_mode():

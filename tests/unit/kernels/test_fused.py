@@ -20,6 +20,7 @@ from infer.kernels import (
     pack_int4_super,
     pack_int5,
     pack_int5_super,
+    pack_int6,
     pack_int8g,
     pack_int8g_super,
 )
@@ -89,10 +90,10 @@ MIXED = (
 )
 
 
-def _two_level(w: torch.Tensor, group: int, has_min: bool, codes: tuple[int, int]) -> PackedWeight:
+def _two_level(w: torch.Tensor, group: int, has_min: bool, codes: tuple[int, int], int6: bool = False) -> PackedWeight:
     """w rounded as a K-quant is (codes in lo..hi, a 6-bit scale and minimum per group against fp16 ones per 256
-    inputs) and packed with those scales; a weight whose in_features are no multiple of 256 gets the same
-    products in fp32, as the GGUF loader falls back."""
+    inputs) and packed with those scales (Q6_K's in int6 where `int6`, else in 8-bit groups); a weight whose
+    in_features are no multiple of 256 gets the same products in fp32, as the GGUF loader falls back."""
     n, k = w.shape
     lo, hi = codes
     wg = w.float().view(n, k // group, group)
@@ -118,6 +119,8 @@ def _two_level(w: torch.Tensor, group: int, has_min: bool, codes: tuple[int, int
         return pack_int4_super(q.to(torch.uint8), scales)
     if (lo, hi) == (0, 31) and has_min:
         return pack_int5_super(q.to(torch.uint8), scales)
+    if int6:  # Q6_K's codes - 32..31 as int6 holds them: + 32
+        return pack_int6((q + 32).to(torch.uint8), scales)
     return pack_int8g_super(q.to(torch.int8), scales, group)
 
 
@@ -127,13 +130,15 @@ def _pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, group: int) 
     return pack_int8g(q.to(torch.int8), d, m, group, torch.float32)
 
 
-# K-quants' two-level forms, rotated as MIXED: Q4_K (int4), Q6_K (8-bit groups), Q5_K (int5), Q2_K, Q3_K (8-bit)
+# K-quants' two-level forms, rotated as MIXED: Q4_K (int4), Q6_K (8-bit groups, as beside other types), Q5_K
+# (int5), Q2_K, Q3_K (8-bit), Q6_K alone (int6)
 TWO_LEVEL = (
     lambda w: _two_level(w, 32, True, (0, 15)),
     lambda w: _two_level(w, 16, False, (-32, 31)),
     lambda w: _two_level(w, 32, True, (0, 31)),
     lambda w: _two_level(w, 16, True, (0, 3)),
     lambda w: _two_level(w, 16, False, (-4, 3)),
+    lambda w: _two_level(w, 16, False, (-32, 31), int6=True),
 )
 
 

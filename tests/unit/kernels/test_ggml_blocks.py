@@ -1,7 +1,7 @@
-"""The compiled packer (ggml blocks straight into int4 / int8g) against its oracle, the blocks decoded into codes
-and scales and packed by `pack_int4*` / `pack_int8g*`: the same bytes, for every type the packer reads, alone and
-in the mixes a fused q/k/v or gate/up meets, with each part's rows in any order and counts that leave a strip
-partly filled."""
+"""The compiled packer (ggml blocks straight into int4 / int5 / int6 / int8g) against its oracle, the blocks decoded
+into codes and scales and packed by `pack_int4*` / `pack_int5*` / `pack_int6` / `pack_int8g*`: the same bytes, for
+every type the packer reads, alone and in the mixes a fused q/k/v or gate/up meets, with each part's rows in any
+order and counts that leave a strip partly filled."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 
 from infer.engine.gguf.quants import EXACT_TYPES, Grouped, decode
 from infer.engine.gguf.weights import block_plan, pack_grouped
-from infer.kernels import BlockPlan, BlockRows, PackedWeight, pack_ggml_blocks
+from infer.kernels import BlockPlan, BlockRows, Int6Weight, Int8GroupWeight, PackedWeight, pack_ggml_blocks
 from tests.helpers.compiled import require_compiled_kernels
 from tests.helpers.tiny_gguf import random_blocks
 
@@ -28,6 +28,7 @@ MIXES = [
     (T.Q5_1, T.Q4_K, T.Q5_0),  # int5, fp32
     (T.Q5_1, T.Q8_0, T.Q5_K),  # int8g groups of 32, fp32, minimums beside symmetric parts
     (T.Q2_K, T.Q3_K, T.Q5_K),  # int8g two-level, groups of 16, minimums beside a symmetric part
+    (T.Q6_K, T.Q6_K),  # Q4_K_M files' Q6_K gate/up: int6, two-level
 ]
 
 
@@ -91,6 +92,31 @@ def test_the_packed_weight_is_the_decoded_one() -> None:
     packed = pack_ggml_blocks([BlockRows(blocks, int(T.Q4_K))], np.arange(24), COLS, block_plan((T.Q4_K,), COLS))
     assert packed is not None
     assert torch.equal(packed.dequantize(), torch.from_numpy(decode(blocks, T.Q4_K, 24, COLS).dequantize()))
+
+
+def test_q6_k_alone_packs_into_int6_and_beside_other_types_into_int8g() -> None:
+    """int6 holds Q6_K's symmetric groups of 16 only: every part Q6_K, or the 8-bit groups as before."""
+    assert block_plan((T.Q6_K, T.Q6_K), COLS) == BlockPlan("int6", 16, "two_level", has_min=False)
+    for mix in [(T.Q4_K, T.Q4_K, T.Q6_K), (T.Q6_K, T.Q3_K), (T.Q6_K, T.Q8_0), (T.Q6_K, T.Q5_K)]:
+        assert block_plan(mix, COLS).codes == "int8g", mix
+    blocks = random_blocks(T.Q6_K, 21, COLS, seed=2)
+    packed = pack_ggml_blocks([BlockRows(blocks, int(T.Q6_K))], np.arange(21), COLS, block_plan((T.Q6_K,), COLS))
+    assert isinstance(packed, Int6Weight) and packed.packed.numel() == 2 * (COLS // 256) * 3360
+    values = torch.from_numpy(decode(blocks, T.Q6_K, 21, COLS).dequantize())
+    assert torch.equal(packed.dequantize().view(torch.int32), values.view(torch.int32))  # the file's, bit for bit
+    mixed, _ = _both_ways((T.Q4_K, T.Q6_K), (16, 16))
+    assert isinstance(mixed, Int8GroupWeight)
+
+
+def test_an_int6_plan_takes_q6_k_only() -> None:
+    int6 = BlockPlan("int6", 16, "two_level", has_min=False)
+    for qtype, match in [(T.Q4_K, "minimums"), (T.Q3_K, "wider than 6 bits"), (T.Q8_0, "two-level")]:
+        blocks = random_blocks(qtype, 16, COLS)
+        with pytest.raises(ValueError, match=match):
+            pack_ggml_blocks([BlockRows(blocks, int(qtype))], np.arange(16), COLS, int6)
+    for plan in [("int6", 32, "two_level", False), ("int6", 16, "fp32", False), ("int6", 16, "two_level", True)]:
+        with pytest.raises(ValueError, match="no packed format"):
+            BlockPlan(*plan)  # type: ignore[arg-type]
 
 
 def test_scales_a_plan_cannot_store_are_refused() -> None:

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
 
 from infer.engine.config import EngineConfig
 from infer.engine.loader import ModelLoadError, load_model
@@ -114,6 +116,22 @@ def test_five_bit_types_land_in_int5(tmp_path: Path) -> None:
                                                                           mlp.down_proj)]  # fmt: skip
     assert formats == [("Int5Weight", torch.float16), ("Int5Weight", torch.int8), ("Int5Weight", torch.float32),
                        ("Int5Weight", torch.float16)]  # fmt: skip
+
+
+def test_q6_k_lands_in_int6_alone_and_in_int8g_beside_other_types(tmp_path: Path) -> None:
+    """Q4_K_M files' Q6_K down (and here o) projections keep the file's 0.82 bytes a weight in int6, with the
+    file's values; a Q6_K v beside Q4_K q and k stays in 8-bit groups."""
+    types = ("Q4_K", "Q4_K", "Q6_K", "Q6_K", "Q4_K", "Q4_K", "Q6_K")
+    path = write_tiny_gguf(tmp_path / "m.gguf", "qwen2", num_layers=1, types=types, tied=False)
+    model = _load(path, "auto")
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    assert [type(w.weight).__name__ for w in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)] == [
+        "Int8GroupWeight", "Int6Weight", "Int4Weight", "Int6Weight"]  # fmt: skip
+    reader = GGUFReader(path)
+    for name, linear in [("blk.0.attn_output.weight", attn.o_proj), ("blk.0.ffn_down.weight", mlp.down_proj)]:
+        t = next(t for t in reader.tensors if t.name == name)
+        expected = torch.from_numpy(dequantize(t.data, t.tensor_type)).reshape(linear.weight.shape)
+        assert torch.equal(linear.weight.dequantize().view(torch.int32), expected.view(torch.int32)), name
 
 
 def test_a_type_with_no_grouped_form_is_rounded_with_one_log_line(

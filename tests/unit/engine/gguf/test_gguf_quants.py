@@ -36,9 +36,11 @@ def test_each_types_form_is_what_its_blocks_decode_to(qtype: GGMLQuantizationTyp
     f = form(qtype)
     grouped = decode(random_blocks(qtype, 64, 256), qtype, 64, 256)
     assert (grouped.group, grouped.minimum is not None, grouped.super is not None) == (f.group, f.has_min, f.two_level)
-    codes = grouped.codes.astype(np.int16) + (16 if qtype == T.Q5_0 else 0)  # NOTE: int5 takes Q5_0's codes + 16
-    in_range = {bits: f.group == 32 and int(codes.min()) >= 0 and int(codes.max()) < 2**bits for bits in (4, 5)}
-    assert f.bits == (4 if in_range[4] else 5 if in_range[5] else 8)
+    # NOTE: int5 takes Q5_0's codes + 16, int6 Q6_K's + 32
+    codes = grouped.codes.astype(np.int16) + {T.Q5_0: 16, T.Q6_K: 32}.get(qtype, 0)
+    in_range = {bits: int(codes.min()) >= 0 and int(codes.max()) < 2**bits for bits in (4, 5, 6)}
+    int6 = f.group == 16 and not f.has_min and f.two_level and in_range[6]  # Q6_K's form
+    assert f.bits == (4 if f.group == 32 and in_range[4] else 5 if f.group == 32 and in_range[5] else 6 if int6 else 8)
     fp16_exact = all(np.array_equal(t.astype(np.float16).astype(np.float32), t)
                      for t in (grouped.scale, grouped.minimum) if t is not None)  # fmt: skip
     assert fp16_exact == f.fp16_scales  # NOTE: a K-quant's d (11 bits) times a 6-bit sc needs up to 17 bits
