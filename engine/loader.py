@@ -6,8 +6,10 @@ places it, quantizes it and hands its layers to the backend's fused stack where 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors import safe_open
@@ -22,6 +24,8 @@ from infer.engine.models import CausalLM, Target, checkpoint_target, convert_ten
 from infer.engine.runner import ModelRunner, kv_cache_bytes_per_block
 from infer.engine.tokenizer import Tokenizer, TokenizerLoadError
 from infer.kernels import select_kernels
+
+T = TypeVar("T")
 
 
 class ModelLoadError(ValueError):
@@ -127,10 +131,11 @@ def load_model(model_path: str | Path, config: EngineConfig | None = None, kerne
     return _load_directory(path, config, kernels)
 
 
-def _load_directory(path: Path, config: EngineConfig, kernels: str | None) -> CausalLM:
+def _load_directory(path: Path, config: EngineConfig, kernels: str | None, cfg: ModelConfig | None = None) -> CausalLM:
+    """`cfg`: the directory's config, when the caller has read it already."""
     if not path.is_dir():
         raise ModelLoadError(f"model directory not found: {path}")
-    model = _empty_model(load_model_config(path), config, kernels)
+    model = _empty_model(cfg or load_model_config(path), config, kernels)
     _load_weights(model, weight_files(path))
     return _placed(model, config, "none" if config.quantization == "auto" else config.quantization)
 
@@ -204,19 +209,18 @@ def load_engine(config: EngineConfig) -> tuple[EngineConfig, ModelRunner, Tokeni
     gguf_file = _find_gguf(path)
     if gguf_file is not None:
         source = open_source(gguf_file)
-        model, model_id = load_gguf_model(source, config), source.name
-        tokenizer = gguf_tokenizer(source, template)
+        (config, runner), tokenizer = _beside(
+            lambda: _with_runner(load_gguf_model(source, config), config), lambda: gguf_tokenizer(source, template)
+        )
+        model_id = source.name
     else:
-        model, model_id = _load_directory(path, config, None), path.name
-        try:
-            tokenizer = Tokenizer.from_dir(path, model.cfg.eos_token_ids)
-        except TokenizerLoadError as e:
-            raise ModelLoadError(str(e)) from None
-        if template is not None:
-            tokenizer.chat_template = template
-    config = config.for_model(model.cfg.max_position_embeddings)
-    block_bytes = kv_cache_bytes_per_block(model, config.block_size, config.torch_dtype)
-    num_blocks = config.num_blocks or config.kv_cache_memory_bytes // block_bytes
+        cfg = load_model_config(path) if path.is_dir() else None
+        (config, runner), tokenizer = _beside(
+            lambda: _with_runner(_load_directory(path, config, None, cfg), config),
+            lambda: _directory_tokenizer(path, cfg, template),
+        )
+        model_id = path.name
+    model = runner.model
     info = ModelInfo(
         model_id=model_id,
         model_dir=str(path),
@@ -225,7 +229,42 @@ def load_engine(config: EngineConfig) -> tuple[EngineConfig, ModelRunner, Tokeni
         has_chat_template=tokenizer.chat_template is not None,
         kernels=model.kernels.name,
     )
-    return config, ModelRunner(model, num_blocks, config.block_size), tokenizer, info
+    return config, runner, tokenizer, info
+
+
+def _with_runner(model: CausalLM, config: EngineConfig) -> tuple[EngineConfig, ModelRunner]:
+    """The config settled for the model, and the model's runner with its KV cache (`num_blocks`, or as many as
+    `kv_cache_memory` holds)."""
+    config = config.for_model(model.cfg.max_position_embeddings)
+    block_bytes = kv_cache_bytes_per_block(model, config.block_size, config.torch_dtype)
+    num_blocks = config.num_blocks or config.kv_cache_memory_bytes // block_bytes
+    return config, ModelRunner(model, num_blocks, config.block_size)
+
+
+def _beside(load: Callable[[], T], build: Callable[[], Tokenizer]) -> tuple[T, Tokenizer]:
+    """`load()` (the model, its runner) on this thread while `build()` makes the tokenizer on another: the
+    weights' packing and copies and the KV cache's allocation release the GIL; the tokenizer is Python and Rust
+    that hold it (Gemma's 262,144 tokens: 1-2 s). Errors as if one ran after the other: the model's first.
+
+    NOTE: the model loads on the calling thread: the engine's thread must be the first to run a parallel torch
+    op (AsyncEngine.from_config); building a tokenizer runs none."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer-tokenizer") as pool:
+        tokenizer = pool.submit(build)
+        loaded = load()  # NOTE: an error leaves the block once the tokenizer is done: nothing runs on behind it
+    return loaded, tokenizer.result()
+
+
+def _directory_tokenizer(path: Path, cfg: ModelConfig | None, chat_template: str | None) -> Tokenizer:
+    """The directory's tokenizer (`tokenizer.json`), `chat_template` in place of its own when given."""
+    if cfg is None:  # not a directory: the model's load says so
+        raise ModelLoadError(f"model directory not found: {path}")
+    try:
+        tokenizer = Tokenizer.from_dir(path, cfg.eos_token_ids)
+    except TokenizerLoadError as e:
+        raise ModelLoadError(str(e)) from None
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
 
 
 def read_chat_template(path: str | None) -> str | None:

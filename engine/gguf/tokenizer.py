@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
@@ -171,10 +173,25 @@ def _rebuild_merges(ids: Mapping[str, int], scores: Mapping[str, float]) -> list
     """Every split of a token into two tokens, best score first; ties: longer left part, then longer right part,
     then the order of `scores`. Equal to transformers' `generate_merges` pair for pair (the BPE applies merges in
     this order). NOTE: its sort of each token's splits by their ids never decides anything: two splits with equal
-    keys come from two tokens."""
-    merges = [(t[:k], t[k:], s) for t, s in scores.items() for k in range(1, len(t)) if t[:k] in ids and t[k:] in ids]
-    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)  # stable
-    return [(left, right) for left, right, _ in merges]
+    keys come from two tokens.
+
+    NOTE: the tokens are sorted, not their splits (Gemma: 262,144 tokens, 514,906 merges): a token's splits,
+    longer left part first, are already in order; only tokens of equal score interleave theirs (`_tied_splits`)."""
+    ordered = sorted(scores.items(), key=itemgetter(1), reverse=True)  # stable: ties keep the order of `scores`
+    if len(set(scores.values())) == len(ordered):  # every score once (Gemma's token order)
+        return [(left, right) for t, _ in ordered for k in range(len(t) - 1, 0, -1)
+                if (left := t[:k]) in ids and (right := t[k:]) in ids]  # fmt: skip
+    merges: list[tuple[str, str]] = []
+    for _, group in groupby(ordered, key=itemgetter(1)):
+        merges += _tied_splits(ids, [t for t, _ in group])
+    return merges
+
+
+def _tied_splits(ids: Mapping[str, int], tokens: list[str]) -> list[tuple[str, str]]:
+    """The splits of tokens of one score: longer left part first, then longer right part, then token order."""
+    splits = [(t[:k], t[k:]) for t in tokens for k in range(1, len(t)) if t[:k] in ids and t[k:] in ids]
+    splits.sort(key=lambda m: (len(m[0]), len(m[1])), reverse=True)  # stable
+    return splits
 
 
 # --- shared

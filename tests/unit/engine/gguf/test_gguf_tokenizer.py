@@ -3,6 +3,7 @@ an error naming the file and the field."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 
 from infer.engine.default_model import find_default_gguf
 from infer.engine.gguf.metadata import read_gguf_metadata
-from infer.engine.gguf.tokenizer import tokenizer_from_gguf
+from infer.engine.gguf.tokenizer import _rebuild_merges, tokenizer_from_gguf
 from infer.engine.tokenizer import Tokenizer, TokenizerLoadError
 from tests.helpers.gguf_tokenizers import (
     CONVERSATION,
@@ -201,3 +202,27 @@ def test_token_id_out_of_range(key: str) -> None:
 def test_malformed_fields(key: str, value: Any) -> None:
     meta = {**byte_bpe_fields("qwen2"), f"tokenizer.ggml.{key}": value}
     assert f"tokenizer.ggml.{key}" in error_for(meta)
+
+
+# --- merges rebuilt from the scores (SentencePiece files without merges: Gemma)
+
+
+def _random_vocab(rng: random.Random, tied: bool) -> tuple[dict[str, int], dict[str, float]]:
+    alphabet = "ab▁c"[: rng.randint(1, 4)]
+    spellings = ("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 80)))
+    tokens = list(dict.fromkeys(spellings))
+    ids = {t: i for i, t in enumerate(tokens)}
+    scores = {t: float(rng.randint(-3, 3)) if tied else rng.random() for t in rng.sample(tokens, len(tokens))}
+    return ids, scores
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_merges_rebuilt_from_scores_match_transformers_pair_for_pair(tied: bool) -> None:
+    """The BPE applies merges in their order: ours, sorting tokens rather than splits, equal transformers'
+    `generate_merges`, with tied scores (llama files) and with every score once (Gemma's token order)."""
+    from transformers.convert_slow_tokenizer import generate_merges
+
+    rng = random.Random(26)
+    for _ in range(300):
+        ids, scores = _random_vocab(rng, tied)
+        assert _rebuild_merges(ids, scores) == generate_merges(ids, scores)
