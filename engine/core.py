@@ -221,7 +221,7 @@ class EngineCore:
 
     def _compiling(self) -> list[LiveRequest]:
         """The requests whose grammar is compiling: the scheduler's waiting ones that are not ready."""
-        return [r for r in self.scheduler.waiting if not r.is_ready]
+        return self.scheduler.unready()
 
     def _generator(self, params: SamplingParams) -> torch.Generator | None:
         if params.seed is None or params.is_greedy:

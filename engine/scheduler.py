@@ -74,6 +74,7 @@ class Scheduler(Generic[R]):
         self.requests: dict[str, R] = {}  # the request table
         self._waiting: deque[str] = deque()  # FCFS; a preempted request goes back first
         self._running: dict[str, None] = {}  # admission order: the last is preempted first (fcfs)
+        self._unready: dict[str, None] = {}  # waiting ids whose grammar had not compiled when last looked at
         self.policy = Policy(config) if config.scheduling_policy != "fcfs" else None
 
     # views of the table
@@ -88,6 +89,13 @@ class Scheduler(Generic[R]):
     @property
     def running(self) -> list[R]:
         return [self.requests[rid] for rid in self._running]
+
+    def unready(self) -> list[R]:
+        """The waiting requests whose grammar is still compiling: O(those), not O(waiting), per step."""
+        ready = [rid for rid in self._unready if self.requests[rid].is_ready]
+        for rid in ready:
+            del self._unready[rid]
+        return [self.requests[rid] for rid in self._unready]
 
     @property
     def num_never_scheduled(self) -> int:
@@ -105,6 +113,8 @@ class Scheduler(Generic[R]):
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self._waiting.append(request.request_id)
+        if not request.is_ready:
+            self._unready[request.request_id] = None
         if self.policy is not None:
             self.policy.enter(request)
 
@@ -116,6 +126,7 @@ class Scheduler(Generic[R]):
             self.blocks.free(request_id)
         elif request.status is RequestStatus.WAITING:
             self._waiting.remove(request_id)
+            self._unready.pop(request_id, None)
         request.status = RequestStatus.FINISHED
         if self.policy is not None:
             self.policy.leave(request)

@@ -18,7 +18,6 @@ from hypothesis import event, given
 from infer.api import pb, pb_grpc
 from tests.fuzz.strategies import chat_bodies, completion_bodies, generate_requests
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import gateway_client
 
 pytestmark = pytest.mark.fuzz
 REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -29,18 +28,6 @@ MODEL = "fake"
 def server() -> Iterator[ServerThread]:
     with running_fake_server(max_model_len=256, max_num_seqs=8, max_waiting_requests=16) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def stub(server: ServerThread) -> Iterator[pb_grpc.InferenceServiceStub]:
-    with grpc.insecure_channel(server.address) as channel:
-        yield pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerThread) -> Iterator[httpx.Client]:
-    with gateway_client(server.address, timeout_s=30) as client:
-        yield client
 
 
 def _check_stream(responses: list[pb.GenerateResponse]) -> None:

@@ -50,12 +50,6 @@ def server() -> Iterator[ServerThread]:
 
 
 @pytest.fixture(scope="module")
-def stub(server: ServerThread) -> Iterator[pb_grpc.InferenceServiceStub]:
-    with grpc.insecure_channel(server.address) as channel:
-        yield pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-
-
-@pytest.fixture(scope="module")
 def gateway(server: ServerThread) -> Iterator[RunningGateway]:
     loop = LoopThread()
     with running_gateway(server.address, loop) as gateway:

@@ -30,7 +30,6 @@ from tests.fuzz.hostile import (
 )
 from tests.fuzz.strategies import chat_bodies, completion_bodies
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import gateway_client
 
 pytestmark = pytest.mark.fuzz
 MODEL = "fake"
@@ -46,18 +45,6 @@ HEAVY = settings(max_examples=max(60, settings.default.max_examples // 5))
 def server() -> Iterator[ServerThread]:
     with running_fake_server(max_model_len=256, max_num_seqs=8, max_waiting_requests=16) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def stub(server: ServerThread) -> Iterator[pb_grpc.InferenceServiceStub]:
-    with grpc.insecure_channel(server.address, options=[("grpc.max_send_message_length", 8 << 20)]) as channel:
-        yield pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerThread) -> Iterator[httpx.Client]:
-    with gateway_client(server.address) as client:
-        yield client
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from infer.engine.core import EngineCore
 from tests.fuzz.strategies import examples
 from tests.helpers.fake_engine import FakeRunner
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import gateway_client, wait_for
+from tests.unit.server.gateway.gateway_helpers import wait_for
 
 pytestmark = pytest.mark.fuzz
 MODEL = "fake"
@@ -43,18 +43,6 @@ WAIT_S = 30.0  # for the engine to see a burst's requests: a bound, not a timing
 def server() -> Iterator[ServerThread]:
     with running_fake_server(max_model_len=256, max_num_seqs=16, max_waiting_requests=64) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def stub(server: ServerThread) -> Iterator[pb_grpc.InferenceServiceStub]:
-    with grpc.insecure_channel(server.address) as channel:
-        yield pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerThread) -> Iterator[httpx.Client]:
-    with gateway_client(server.address) as client:
-        yield client
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ from tests.fuzz.schemas import (
 from tests.fuzz.strategies import examples
 from tests.helpers.fake_engine import FakeRunner
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import gateway_client
 
 pytestmark = pytest.mark.fuzz
 MODEL = "fake"
@@ -57,18 +56,6 @@ def server() -> Iterator[ServerThread]:
         assert isinstance(runner, FakeRunner)
         runner.text_ids = s.engine.core.tokenizer.encode(HOSTILE_TEXT * 300)
         yield s
-
-
-@pytest.fixture(scope="module")
-def stub(server: ServerThread) -> Iterator[pb_grpc.InferenceServiceStub]:
-    with grpc.insecure_channel(server.address) as channel:
-        yield pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerThread) -> Iterator[httpx.Client]:
-    with gateway_client(server.address) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

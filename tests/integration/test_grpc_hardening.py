@@ -9,7 +9,8 @@ import concurrent.futures
 import contextlib
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -108,9 +109,17 @@ def test_developer_is_the_system_role(channel: grpc.Channel) -> None:
     assert rendered("developer") == rendered("system")
 
 
-def test_tokenizing_a_prompt_does_not_stall_other_rpcs(
-    server: ServerThread, channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@dataclass
+class HeldEncode:
+    """The server's tokenizer, made to hold every encode of LONG_PROMPT until `release` is set."""
+
+    encode: Callable[[str], list[int]]  # the real one
+    started: threading.Event  # set when an encode of LONG_PROMPT is held
+    release: threading.Event
+
+
+@pytest.fixture
+def held(server: ServerThread, monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldEncode]:
     tokenizer = server.engine.tokenizer
     encode, started, release = tokenizer.encode, threading.Event(), threading.Event()
 
@@ -121,6 +130,16 @@ def test_tokenizing_a_prompt_does_not_stall_other_rpcs(
         return encode(text, add_special_tokens)
 
     monkeypatch.setattr(tokenizer, "encode", slow_encode)
+    try:
+        yield HeldEncode(encode, started, release)
+    finally:
+        release.set()
+
+
+def test_tokenizing_a_prompt_does_not_stall_other_rpcs(
+    server: ServerThread, channel: grpc.Channel, held: HeldEncode
+) -> None:
+    encode, started, release = held.encode, held.started, held.release
     stub = pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
     tokenizing = stub.Tokenize.future(pb.TokenizeRequest(text=LONG_PROMPT), timeout=30)
     generating = stub.Generate(pb.GenerateRequest(prompt=LONG_PROMPT), timeout=30)
@@ -176,18 +195,9 @@ def test_huge_chats_are_refused_before_rendering_and_others_go_on(server: Server
 
 
 def test_long_prompts_wait_in_their_own_lane_with_a_bound(
-    server: ServerThread, channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch
+    server: ServerThread, channel: grpc.Channel, held: HeldEncode
 ) -> None:
-    tokenizer = server.engine.tokenizer
-    encode, started, release = tokenizer.encode, threading.Event(), threading.Event()
-
-    def slow_encode(text: str, add_special_tokens: bool = True) -> list[int]:
-        if text == LONG_PROMPT:
-            started.set()
-            release.wait(20)
-        return encode(text, add_special_tokens)
-
-    monkeypatch.setattr(tokenizer, "encode", slow_encode)
+    encode, started, release = held.encode, held.started, held.release
     stub = pb_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
     long_ones = [stub.Tokenize.future(pb.TokenizeRequest(text=LONG_PROMPT), timeout=30) for _ in range(2)]
     try:

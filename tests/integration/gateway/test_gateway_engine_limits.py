@@ -19,7 +19,6 @@ from tests.integration.grpc_helpers import ServerThread, running_fake_server
 from tests.unit.server.gateway.gateway_helpers import (
     error_of,
     first_model,
-    gateway_client,
     sse_data,
 )
 
@@ -34,18 +33,6 @@ def server() -> Iterator[ServerThread]:
         assert isinstance(runner, FakeRunner)
         runner.logit_offset = 20.0  # positive logits, as a real model's: a penalty divides them
         yield s
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerThread) -> Iterator[httpx.Client]:
-    with gateway_client(server.address) as client:
-        yield client
-
-
-@pytest.fixture(autouse=True)
-def engine_idle_after(server: ServerThread) -> Iterator[None]:
-    yield
-    server.wait_idle()
 
 
 def _strict_json(text: str) -> Any:

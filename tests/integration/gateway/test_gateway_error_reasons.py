@@ -23,7 +23,7 @@ from infer.engine import InvalidInput, QueueFullError
 from infer.engine.core import EngineCore
 from tests.helpers.fake_engine import FakeRunner
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import first_model, gateway_client, wait_for
+from tests.unit.server.gateway.gateway_helpers import first_model, wait_for
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -83,18 +83,6 @@ def server() -> Iterator[ServerThread]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerThread) -> Iterator[httpx.Client]:
-    with gateway_client(server.address) as client:
-        yield client
-
-
-@pytest.fixture(autouse=True)
-def engine_idle_after(server: ServerThread) -> Iterator[None]:
-    yield
-    server.wait_idle()
-
-
 @pytest.fixture(params=list(REWORDINGS))
 def words(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
     """Every engine message replaced by these words (None: as written)."""
@@ -146,19 +134,6 @@ def test_a_malformed_message_is_an_invalid_value(server: ServerThread) -> None:
         channel.unary_unary(f"/{SERVICE_NAME}/Tokenize")(b"\xff\xff\xff", timeout=10)
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert error_reason(info.value.trailing_metadata()) is ErrorReason.INVALID_VALUE
-
-
-@pytest.fixture
-def stalled(server: ServerThread) -> Iterator[EngineCore]:
-    """The engine with its forward pass held until the test ends."""
-    core = server.engine.core
-    runner = core.runner
-    assert isinstance(runner, FakeRunner)
-    runner.gate.clear()
-    try:
-        yield core
-    finally:
-        runner.gate.set()
 
 
 def test_a_duplicate_id_and_a_full_queue_keep_their_status(

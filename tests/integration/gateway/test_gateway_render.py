@@ -14,7 +14,7 @@ import pytest
 from infer.api import pb, pb_grpc
 from tests.helpers.fake_engine import FakeRunner
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import error_of, first_model, gateway_client
+from tests.unit.server.gateway.gateway_helpers import error_of, first_model
 
 MAX_MODEL_LEN = 1024
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
@@ -34,18 +34,6 @@ VLLM_FIELDS = {"request_id", "token_ids", "features", "sampling_params", "model"
 def server() -> Iterator[ServerThread]:
     with running_fake_server(max_model_len=MAX_MODEL_LEN, num_blocks=128, enable_prefix_caching=False) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerThread) -> Iterator[httpx.Client]:
-    with gateway_client(server.address) as client:
-        yield client
-
-
-@pytest.fixture(autouse=True)
-def engine_idle_after(server: ServerThread) -> Iterator[None]:
-    yield
-    server.wait_idle()
 
 
 def _prefilled(server: ServerThread, path: str, http: httpx.Client, body: dict[str, Any]) -> list[int]:

@@ -17,7 +17,7 @@ from infer.api import pb, pb_grpc
 from infer.engine.core import EngineCore
 from tests.helpers.fake_engine import FakeRunner
 from tests.integration.grpc_helpers import ServerThread, running_fake_server
-from tests.unit.server.gateway.gateway_helpers import error_of, gateway_client, wait_for
+from tests.unit.server.gateway.gateway_helpers import error_of, wait_for
 
 COMPLETIONS = "/v1/completions"
 
@@ -28,30 +28,10 @@ def server() -> Iterator[ServerThread]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerThread) -> Iterator[httpx.Client]:
-    with gateway_client(server.address, timeout_s=30) as client:
-        yield client
-
-
 @pytest.fixture
 def stub(server: ServerThread) -> Iterator[pb_grpc.InferenceServiceStub]:
     with grpc.insecure_channel(server.address) as channel:
         yield pb_grpc.InferenceServiceStub(channel)
-
-
-@pytest.fixture
-def stalled(server: ServerThread) -> Iterator[EngineCore]:
-    """The engine with its forward pass held until the test ends; then idle, no block leaked."""
-    core = server.engine.core
-    runner = core.runner
-    assert isinstance(runner, FakeRunner)
-    runner.gate.clear()
-    try:
-        yield core
-    finally:
-        runner.gate.set()
-    server.wait_idle()
 
 
 def _num_in_flight(core: EngineCore) -> int:

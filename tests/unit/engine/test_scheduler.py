@@ -234,3 +234,17 @@ def test_a_request_whose_grammar_is_compiling_waits_without_holding_up_the_queue
     out = step(s)
     assert out.num_scheduled_tokens["compiling"] == 4
     assert first.status is RequestStatus.RUNNING
+
+
+def test_unready_lists_only_the_requests_whose_grammar_is_compiling() -> None:
+    s = make(max_num_batched_tokens=64)
+    compiling = [Request(rid, [101, 102], SamplingParams(max_tokens=4), 0.0) for rid in ("g1", "g2", "g3")]
+    for request in compiling:
+        request.grammar = GrammarState(Constraint.regex("[a-z]+"), Future())  # no matcher yet
+        s.add(request)
+    add(s, "plain", 4)
+    assert [r.request_id for r in s.unready()] == ["g1", "g2", "g3"]
+    compiling[0].grammar.matcher = object()  # type: ignore[union-attr, assignment]  # compiled: ready
+    s.finish("g3")  # aborted while compiling
+    assert [r.request_id for r in s.unready()] == ["g2"]
+    assert s._unready == {"g2": None}  # the ready and the gone are dropped from the index, not skipped each step
