@@ -253,6 +253,14 @@ def reference_llm(model_dir: Path) -> LLM:
             os.environ["INFER_KERNELS"] = before
 
 
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in PRECISIONS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"not one of {', '.join(PRECISIONS)}: {text!r}")
+    return names
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--num-requests", type=int, default=64)
@@ -264,7 +272,9 @@ def main() -> None:
     ap.add_argument("--batch1-rounds", type=int, default=5, help="batch-1 runs, each between two bandwidth reads")
     ap.add_argument("--out-dir", type=Path, default=OUT_DIR)
     ap.add_argument("--skip-reference", action="store_true", help="skip infer on the PyTorch reference kernels")
-    ap.add_argument("--skip-precisions", action="store_true", help="skip infer with bf16 and int8 weights")
+    ap.add_argument("--skip-precisions", action="store_true", help="skip infer with bf16, int8 and int4 weights")
+    ap.add_argument("--precisions", type=_names, default=tuple(PRECISIONS),
+                    help=f"which lower precisions, comma-separated (default: {','.join(PRECISIONS)})")  # fmt: skip
     ap.add_argument("--skip-llama", action="store_true", help="skip llama.cpp's llama-server")
     offline_matrix.add_arguments(ap)
     args = ap.parse_args()
@@ -306,7 +316,7 @@ def main() -> None:
     if not args.skip_precisions:
         results["precisions"] = bench_precisions(
             model_dir, work.prompts, work.max_new, lambda llm: bench_ours(llm, work),
-            lambda llm: bench_batch1_decode(llm, batch1_prompt, args.batch1_tokens),
+            lambda llm: bench_batch1_decode(llm, batch1_prompt, args.batch1_tokens), args.precisions,
         )  # fmt: skip
     if not args.skip_llama:
         results["llama"] = bench_llama(work.prompts, work.max_new, slots, batch1_prompt, args.batch1_tokens)

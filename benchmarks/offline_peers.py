@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,12 @@ def bench_precisions(
     max_new: list[int],
     throughput: Callable[[LLM], float],
     batch1: Callable[[LLM], float],
+    names: Sequence[str] = tuple(PRECISIONS),
 ) -> dict[str, Any]:
-    """{name: {"tok_s", "batch1_decode_tok_s"}} for each lower-precision option, one LLM at a time."""
+    """{name: {"tok_s", "batch1_decode_tok_s"}} for each lower-precision option named, one LLM at a time."""
     out = {}
-    for name, settings in PRECISIONS.items():
+    for name in names:
+        settings = PRECISIONS[name]
         llm = LLM(str(model_dir), max_model_len=1024, **settings)
         llm.generate(prompts[:4], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))  # warm-up
         out[name] = {"tok_s": throughput(llm), "batch1_decode_tok_s": batch1(llm)}

@@ -63,9 +63,10 @@ def _samples(gateway: RunningGateway, model: str, per_schema: int) -> list[tuple
     return asyncio.run(main())
 
 
-def test_fifty_sampled_outputs_over_five_schemas_all_validate(gateway: RunningGateway, model: str) -> None:
-    samples = _samples(gateway, model, per_schema=10)  # NOTE: all 50 at once: batched, ~15 s on 2 cores
-    assert len(samples) == 50
+def test_twenty_sampled_outputs_over_five_schemas_all_validate(gateway: RunningGateway, model: str) -> None:
+    # NOTE: all 20 at once, batched; tests/fuzz/test_schemas.py drives many more schemas with adversarial tokens
+    samples = _samples(gateway, model, per_schema=4)
+    assert len(samples) == 20
     for name, content, reason in samples:
         assert reason == "stop", (name, content)
         jsonschema.validate(json.loads(content), SCHEMAS[name])
