@@ -6,10 +6,8 @@ places it, quantizes it and hands its layers to the backend's fused stack where 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -24,8 +22,6 @@ from infer.engine.models import CausalLM, Target, checkpoint_target, convert_ten
 from infer.engine.runner import ModelRunner, kv_cache_bytes_per_block
 from infer.engine.tokenizer import Tokenizer, TokenizerLoadError
 from infer.kernels import select_kernels
-
-T = TypeVar("T")
 
 
 class ModelLoadError(ValueError):
@@ -131,11 +127,10 @@ def load_model(model_path: str | Path, config: EngineConfig | None = None, kerne
     return _load_directory(path, config, kernels)
 
 
-def _load_directory(path: Path, config: EngineConfig, kernels: str | None, cfg: ModelConfig | None = None) -> CausalLM:
-    """`cfg`: the directory's config, when the caller has read it already."""
+def _load_directory(path: Path, config: EngineConfig, kernels: str | None) -> CausalLM:
     if not path.is_dir():
         raise ModelLoadError(f"model directory not found: {path}")
-    model = _empty_model(cfg or load_model_config(path), config, kernels)
+    model = _empty_model(load_model_config(path), config, kernels)
     _load_weights(model, weight_files(path))
     return _placed(model, config, "none" if config.quantization == "auto" else config.quantization)
 
@@ -207,20 +202,25 @@ def load_engine(config: EngineConfig) -> tuple[EngineConfig, ModelRunner, Tokeni
     path = resolve_model_dir(config.model)
     template = read_chat_template(config.chat_template)
     gguf_file = _find_gguf(path)
+    # NOTE: the tokenizer is built after the weights, not beside them on a thread: the packer and the KV cache's
+    # allocation run OpenMP regions on both cores and the tokenizer holds the GIL (Python, then 0.5-1 s in Rust
+    # for Gemma's 262,144 tokens); together they took longer than one after the other (measured on 2 cores:
+    # Gemma's weights 1.5 -> 2.9 s, its tokenizer 2.7 -> 5.4 s; with the packer on one thread, no faster)
     if gguf_file is not None:
         source = open_source(gguf_file)
-        (config, runner), tokenizer = _beside(
-            lambda: _with_runner(load_gguf_model(source, config), config), lambda: gguf_tokenizer(source, template)
-        )
-        model_id = source.name
+        model, model_id = load_gguf_model(source, config), source.name
+        tokenizer = gguf_tokenizer(source, template)
     else:
-        cfg = load_model_config(path) if path.is_dir() else None
-        (config, runner), tokenizer = _beside(
-            lambda: _with_runner(_load_directory(path, config, None, cfg), config),
-            lambda: _directory_tokenizer(path, cfg, template),
-        )
-        model_id = path.name
-    model = runner.model
+        model, model_id = _load_directory(path, config, None), path.name
+        try:
+            tokenizer = Tokenizer.from_dir(path, model.cfg.eos_token_ids)
+        except TokenizerLoadError as e:
+            raise ModelLoadError(str(e)) from None
+        if template is not None:
+            tokenizer.chat_template = template
+    config = config.for_model(model.cfg.max_position_embeddings)
+    block_bytes = kv_cache_bytes_per_block(model, config.block_size, config.torch_dtype)
+    num_blocks = config.num_blocks or config.kv_cache_memory_bytes // block_bytes
     info = ModelInfo(
         model_id=model_id,
         model_dir=str(path),
@@ -229,42 +229,7 @@ def load_engine(config: EngineConfig) -> tuple[EngineConfig, ModelRunner, Tokeni
         has_chat_template=tokenizer.chat_template is not None,
         kernels=model.kernels.name,
     )
-    return config, runner, tokenizer, info
-
-
-def _with_runner(model: CausalLM, config: EngineConfig) -> tuple[EngineConfig, ModelRunner]:
-    """The config settled for the model, and the model's runner with its KV cache (`num_blocks`, or as many as
-    `kv_cache_memory` holds)."""
-    config = config.for_model(model.cfg.max_position_embeddings)
-    block_bytes = kv_cache_bytes_per_block(model, config.block_size, config.torch_dtype)
-    num_blocks = config.num_blocks or config.kv_cache_memory_bytes // block_bytes
-    return config, ModelRunner(model, num_blocks, config.block_size)
-
-
-def _beside(load: Callable[[], T], build: Callable[[], Tokenizer]) -> tuple[T, Tokenizer]:
-    """`load()` (the model, its runner) on this thread while `build()` makes the tokenizer on another: the
-    weights' packing and copies and the KV cache's allocation release the GIL; the tokenizer is Python and Rust
-    that hold it (Gemma's 262,144 tokens: 1-2 s). Errors as if one ran after the other: the model's first.
-
-    NOTE: the model loads on the calling thread: the engine's thread must be the first to run a parallel torch
-    op (AsyncEngine.from_config); building a tokenizer runs none."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer-tokenizer") as pool:
-        tokenizer = pool.submit(build)
-        loaded = load()  # NOTE: an error leaves the block once the tokenizer is done: nothing runs on behind it
-    return loaded, tokenizer.result()
-
-
-def _directory_tokenizer(path: Path, cfg: ModelConfig | None, chat_template: str | None) -> Tokenizer:
-    """The directory's tokenizer (`tokenizer.json`), `chat_template` in place of its own when given."""
-    if cfg is None:  # not a directory: the model's load says so
-        raise ModelLoadError(f"model directory not found: {path}")
-    try:
-        tokenizer = Tokenizer.from_dir(path, cfg.eos_token_ids)
-    except TokenizerLoadError as e:
-        raise ModelLoadError(str(e)) from None
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
-    return tokenizer
+    return config, ModelRunner(model, num_blocks, config.block_size), tokenizer, info
 
 
 def read_chat_template(path: str | None) -> str | None:

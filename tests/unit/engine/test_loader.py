@@ -1,13 +1,10 @@
 """Loading: errors name the problem (missing files, wrong shapes, missing tensors, unknown models); config.json is
-read once; the model runs on the kernel backend chosen when it was loaded; the tokenizer is built while the weights
-load."""
+read once; the model runs on the kernel backend chosen when it was loaded."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +17,8 @@ from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore
 from infer.engine.loader import ModelLoadError, load_model
 from infer.engine.model_config import ModelConfig
-from infer.engine.models import CausalLM, Linear
+from infer.engine.models import Linear
 from infer.engine.runner import ModelRunner, SeqWork
-from infer.engine.tokenizer import Tokenizer
-from tests.helpers.tiny_gguf import write_tiny_gguf
 from tests.helpers.tiny_models import make_tiny_model
 
 
@@ -153,57 +148,3 @@ def test_eos_ids_of_config_and_generation_config_both_count(llama_dir: Path, tmp
     (model_dir / "config.json").write_text(json.dumps({**config, "eos_token_id": 7}))
     (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7]}))
     assert loader.load_model_config(model_dir).eos_token_ids == (7, 5)
-
-
-# --- the tokenizer beside the weights
-
-
-def test_the_tokenizer_is_built_while_the_weights_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Start-up time: the tokenizer (1-2 s for Gemma's 262,144 tokens) builds on its own thread while the weights
-    load on the engine's; the engine gets both."""
-    path = write_tiny_gguf(tmp_path / "m.gguf", "llama", num_layers=1)
-    building, threads = threading.Event(), {}
-    real_model, real_tokenizer = loader.load_gguf_model, loader.gguf_tokenizer
-
-    def model(*args: Any) -> CausalLM:
-        threads["model"] = threading.current_thread().name
-        assert building.wait(timeout=30), "the tokenizer waited for the weights"
-        return real_model(*args)
-
-    def tokenizer(*args: Any) -> Tokenizer:
-        threads["tokenizer"] = threading.current_thread().name
-        building.set()
-        return real_tokenizer(*args)
-
-    monkeypatch.setattr(loader, "load_gguf_model", model)
-    monkeypatch.setattr(loader, "gguf_tokenizer", tokenizer)
-    _, runner, tok, info = loader.load_engine(EngineConfig(model=str(path), max_model_len=64, num_blocks=8))
-    assert threads["model"] == threading.current_thread().name != threads["tokenizer"]
-    assert tok.encode("hello") and info.vocab_size == runner.model.cfg.vocab_size
-
-
-@pytest.mark.parametrize("failing", [("model",), ("tokenizer",), ("model", "tokenizer")])
-def test_errors_come_as_if_the_weights_loaded_first(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: tuple[str, ...]
-) -> None:
-    """The weights' error wins when both fail (as it did when the tokenizer was built after them), and nothing
-    is left running behind an error."""
-    path = write_tiny_gguf(tmp_path / "m.gguf", "llama", num_layers=1)
-    done = threading.Event()
-
-    def fail(part: str, real: Any) -> Any:
-        def run(*args: Any) -> Any:
-            if part == "tokenizer":
-                time.sleep(0.2)  # still building when the weights fail
-                done.set()
-            if part in failing:
-                raise ModelLoadError(f"{part} failed")
-            return real(*args)
-
-        return run
-
-    monkeypatch.setattr(loader, "load_gguf_model", fail("model", loader.load_gguf_model))
-    monkeypatch.setattr(loader, "gguf_tokenizer", fail("tokenizer", loader.gguf_tokenizer))
-    with pytest.raises(ModelLoadError, match=f"{failing[0]} failed"):
-        loader.load_engine(EngineConfig(model=str(path), max_model_len=64, num_blocks=8))
-    assert done.is_set()
