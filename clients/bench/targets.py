@@ -90,15 +90,16 @@ class Target(Protocol):
 class GrpcTarget:
     """`infer.v1.InferenceService/Generate`: one message per step, its token ids counted."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, metadata: Sequence[tuple[str, str]] = (), priority: int | None = None) -> None:
         self.name = f"grpc://{address}"
         self.client = AsyncInferClient(address)
+        self.metadata, self.priority = tuple(metadata), priority  # sent with every request (e.g. a tenant header)
 
     async def send(self, spec: RequestSpec, result: RequestResult) -> None:
         clock = Clock(result)
-        sampling = Sampling(max_tokens=spec.max_tokens, temperature=0.0, ignore_eos=True)
+        sampling = Sampling(max_tokens=spec.max_tokens, temperature=0.0, ignore_eos=True, priority=self.priority)
         try:
-            async for chunk in self.client.generate(list(spec.prompt), sampling):
+            async for chunk in self.client.generate(list(spec.prompt), sampling, metadata=self.metadata):
                 clock.tokens(len(chunk.token_ids))
         except InferError as e:
             result.status, result.error = e.code.name, e.details

@@ -1,0 +1,292 @@
+"""`make bench-tenants`: many tenants on one server, the scheduling policies side by side (issue 30).
+
+One `infer serve` per setup, on the default model (int4 weights, `--max-num-seqs 16`), the tenant named by the
+gRPC metadata `x-tenant` (`--tenant-header x-tenant`, weights from `--tenants FILE`). Setups: `fcfs`,
+`priority`, `fair 1:1` (heavy and light weigh 1) and `fair 1:2` (light weighs 2). Every request: 128 random
+prompt tokens, 32 new tokens, greedy, `ignore_eos`, over gRPC `Generate`; the load generator is `infer bench`'s.
+
+- alone: the light tenant's requests one at a time on an idle server (the first of the round): its TTFT alone.
+- contention (fcfs, priority, fair 1:1): the heavy tenant keeps 32 streams open (twice the engine's sequences:
+  it is never idle and always queued); once it has filled the engine, the light tenant sends its requests at a
+  Poisson rate (0.5 req/s: about a tenth of the heavy tenant's requests), and a few priority -10 requests (the
+  probes, tenant light) arrive at fixed times. The heavy load stops when the light tenant's requests are done.
+  Figures: the light tenant's TTFT P50/P99, the probes' TTFT (under priority against their prefill time, the
+  solo TTFT of the same shape on the same server, plus two steps, the heavy requests' median inter-token gap),
+  total output tok/s while the light tenant's load ran, against fcfs in the same round.
+- shares (fcfs, fair 1:1, fair 1:2): both tenants backlogged (32 heavy streams, 16 light), each tenant's share
+  of the output tokens produced in the window (from 4 s in, or from when both tenants have had a first token,
+  to the stop), against its weight share; total output tok/s against fcfs.
+A round runs the setups in order, the next round in reverse order. Writes docs/benchmarks/tenants.json, .md, .png.
+
+    python benchmarks/tenants.py [--rounds N] [--quick] [--out-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from serving_servers import Running, infer_server
+from tenants_report import HEAVY, LIGHT, PROBE, goals, phase_figures, summarize, write_report
+
+from infer.clients.bench.load import LoadPlan, LoadRun
+from infer.clients.bench.targets import GrpcTarget, RequestResult, Target
+from infer.clients.bench.workloads import FIRST_ID, RequestSpec, Workload
+
+OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
+TENANT_HEADER = "x-tenant"
+MAX_SEQS, NUM_BLOCKS, PROMPT_TOKENS, NEW_TOKENS, VOCAB_LIMIT = 16, 512, 128, 32, 32_000
+PROBE_PRIORITY, PROBE_TOKENS = -10, 4
+SETUPS: dict[str, dict[str, Any]] = {
+    "fcfs": {"policy": "fcfs", "weights": {}, "phases": ("contention", "shares")},
+    "priority": {"policy": "priority", "weights": {}, "phases": ("contention",)},
+    "fair 1:1": {"policy": "fair", "weights": {HEAVY: 1.0, LIGHT: 1.0}, "phases": ("contention", "shares")},
+    "fair 1:2": {"policy": "fair", "weights": {HEAVY: 1.0, LIGHT: 2.0}, "phases": ("shares",)},
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    heavy_streams: int = 32
+    light_streams: int = 16  # shares: the light tenant backlogged too
+    light_rate: float = 0.5  # contention: the light tenant's requests/s (Poisson)
+    light_requests: int = 20
+    alone_requests: int = 16
+    num_probes: int = 5
+    probe_gap_s: float = 7.0  # between probes, the first at one gap after the light load starts
+    settle_s: float = 4.0  # the heavy load alone before the light one starts; the shares' window starts here
+    shares_s: float = 30.0
+
+    @classmethod
+    def quick(cls) -> Config:
+        return cls(light_requests=6, alone_requests=4, num_probes=2, probe_gap_s=3.0, shares_s=12.0)
+
+
+def requests(seed: str, count: int, max_tokens: int = NEW_TOKENS) -> tuple[RequestSpec, ...]:
+    """Fresh random prompts (no prefix-cache hits across phases: every phase has its own seed)."""
+    rng = random.Random(seed)
+    return tuple(
+        RequestSpec(tuple(rng.randrange(FIRST_ID, VOCAB_LIMIT) for _ in range(PROMPT_TOKENS)), max_tokens)
+        for _ in range(count)
+    )
+
+
+class Stoppable:
+    """A target whose requests end when `stop` is set: those in flight are cancelled (the engine aborts them; the
+    tokens they got are kept, status 'stopped'), later ones are not sent."""
+
+    def __init__(self, target: Target, stop: asyncio.Event) -> None:
+        self.target, self.stop, self.name = target, stop, target.name
+
+    async def send(self, spec: RequestSpec, result: RequestResult) -> None:
+        if self.stop.is_set():
+            result.status = "stopped"
+            return
+        inner = asyncio.ensure_future(self.target.send(spec, result))
+        halt = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait({inner, halt}, return_when=asyncio.FIRST_COMPLETED)
+        halt.cancel()
+        if not inner.done():
+            inner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await inner
+            result.status = "stopped"
+
+    async def close(self) -> None:
+        await self.target.close()
+
+
+def grpc(server: Running, tenant: str, priority: int | None = None) -> GrpcTarget:
+    assert server.grpc is not None
+    return GrpcTarget(server.grpc, ((TENANT_HEADER, tenant),), priority)
+
+
+def loaded(runs: dict[str, tuple[LoadRun, list[RequestResult]]], t0: float) -> dict[str, Any]:
+    return {tenant: (run.start - t0, [r for r in results if r.status != "stopped" or r.output_tokens])
+            for tenant, (run, results) in runs.items()}  # fmt: skip
+
+
+async def solo(
+    server: Running, specs: tuple[RequestSpec, ...], tenant: str, priority: int | None = None
+) -> list[float]:
+    """TTFTs of these requests one at a time on an idle server."""
+    target = grpc(server, tenant, priority)
+    try:
+        run = LoadRun(target, LoadPlan(concurrency=1, progress=False), tenant)
+        results = await run.run(Workload(tenant, "solo", specs))
+    finally:
+        await target.close()
+    return [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
+
+
+async def contention(server: Running, cfg: Config, seed: str) -> dict[str, Any]:
+    stop, t0 = asyncio.Event(), time.perf_counter()
+    heavy_target, light_target = Stoppable(grpc(server, HEAVY), stop), grpc(server, LIGHT)
+    probe_target = grpc(server, LIGHT, PROBE_PRIORITY)
+    heavy = LoadRun(heavy_target, LoadPlan(concurrency=cfg.heavy_streams, progress=False), HEAVY)
+    heavy_task = asyncio.ensure_future(heavy.run(Workload(HEAVY, "", requests(f"{seed}h", 4000))))
+    await asyncio.sleep(cfg.settle_s)
+    light = LoadRun(light_target, LoadPlan(rate=cfg.light_rate, progress=False), LIGHT)
+    probes = LoadRun(probe_target, LoadPlan(progress=False), PROBE)
+    at = [cfg.probe_gap_s * (i + 1) for i in range(cfg.num_probes)]
+    probe_specs = tuple(RequestSpec(s.prompt, s.max_tokens, a) for s, a in
+                        zip(requests(f"{seed}p", cfg.num_probes, PROBE_TOKENS), at, strict=True))  # fmt: skip
+    try:
+        light_results, probe_results = await asyncio.gather(
+            light.run(Workload(LIGHT, "", requests(f"{seed}l", cfg.light_requests))),
+            probes.run(Workload(PROBE, "", probe_specs)),
+        )
+    finally:
+        stop.set()
+        end = time.perf_counter() - t0
+        heavy_results = await heavy_task
+        for target in (heavy_target, light_target, probe_target):
+            await target.close()
+    runs = {HEAVY: (heavy, heavy_results), LIGHT: (light, light_results), PROBE: (probes, probe_results)}
+    return phase_figures(loaded(runs, t0), (light.start - t0, end), end)
+
+
+async def shares(server: Running, cfg: Config, seed: str) -> dict[str, Any]:
+    stop, t0 = asyncio.Event(), time.perf_counter()
+    targets = {t: Stoppable(grpc(server, t), stop) for t in (HEAVY, LIGHT)}
+    streams = {HEAVY: cfg.heavy_streams, LIGHT: cfg.light_streams}
+    runs = {t: LoadRun(targets[t], LoadPlan(concurrency=streams[t], progress=False), t) for t in targets}
+    tasks = {t: asyncio.ensure_future(runs[t].run(Workload(t, "", requests(f"{seed}{t}", 4000)))) for t in runs}
+    await asyncio.sleep(cfg.shares_s)
+    stop.set()
+    end = time.perf_counter() - t0
+    results = {t: (runs[t], await task) for t, task in tasks.items()}
+    for target in targets.values():
+        await target.close()
+    tenants = loaded(results, t0)
+    first = [min((offset + r.sent_s + r.ttft_s for r in rs if r.ttft_s is not None), default=end)
+             for offset, rs in tenants.values()]  # fmt: skip
+    return phase_figures(tenants, (max(cfg.settle_s, *first), end), end)  # from when every tenant is served
+
+
+@contextlib.contextmanager
+def serve(name: str, log_dir: Path, tag: str) -> Iterator[Running]:
+    setup = SETUPS[name]
+    tenants = log_dir / f"tenants-{setup['policy']}-{tag}.txt"
+    tenants.write_text("".join(f"{t} {w:g}\n" for t, w in (setup["weights"] or {HEAVY: 1, LIGHT: 1}).items()))
+    flags = ("--quantization", "int4", "--max-num-seqs", str(MAX_SEQS), "--num-blocks", str(NUM_BLOCKS),
+             "--scheduling-policy", setup["policy"], "--tenant-header", TENANT_HEADER,
+             "--tenants", str(tenants))  # fmt: skip
+    with infer_server(f"{name.replace(' ', '-').replace(':', '-')}-{tag}", flags, log_dir) as server:
+        yield server
+
+
+def run_setup(name: str, cfg: Config, log_dir: Path, tag: str, alone: bool) -> tuple[dict[str, Any], list[float]]:
+    """One server: its phases' figures, and the light tenant's TTFTs alone when asked."""
+    out: dict[str, Any] = {}
+    alone_ttft: list[float] = []
+    with serve(name, log_dir, tag) as server:
+        asyncio.run(solo(server, requests(f"{tag}{name}w", 2), HEAVY))  # warm-up
+        if alone:
+            alone_ttft = asyncio.run(solo(server, requests(f"{tag}a", cfg.alone_requests), LIGHT))
+        if name == "priority":
+            out["probe_solo_ttft_s"] = asyncio.run(solo(server, requests(f"{tag}s", 3, PROBE_TOKENS), LIGHT, -10))
+        for phase in SETUPS[name]["phases"]:
+            run = contention if phase == "contention" else shares
+            out[phase] = asyncio.run(run(server, cfg, f"{tag}{name}{phase}"))
+            print(f"  {name} {phase}: {summary_line(out[phase])}", flush=True)
+    return out, alone_ttft
+
+
+def summary_line(p: dict[str, Any]) -> str:
+    cells = [f"{t} {v['tok_s']:.1f} tok/s" for t, v in p["tenants"].items() if t != PROBE]
+    return ", ".join(cells) + f", total {p['total_tok_s']:.1f}"
+
+
+def run_round(index: int, cfg: Config, log_dir: Path) -> dict[str, Any]:
+    order = list(SETUPS) if index % 2 == 0 else list(reversed(SETUPS))
+    out: dict[str, Any] = {"order": order, "setups": {}, "alone_ttft_s": []}
+    for i, name in enumerate(order):
+        print(f"round {index + 1}: {name}", flush=True)
+        out["setups"][name], alone = run_setup(name, cfg, log_dir, f"r{index + 1}", alone=i == 0)
+        out["alone_ttft_s"] += alone
+    return out
+
+
+def cpu_model() -> str:
+    try:
+        lines = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        lines = []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Model name")]
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="shorter phases (checks the script)")
+    rate_help = "the light tenant's requests/s under contention (default 0.5: about a tenth of the heavy tenant's"
+    ap.add_argument("--light-rate", type=float, help=rate_help + " on 2 quiet cores; the report gives the ratio)")
+    ap.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    args = ap.parse_args(argv)
+    cfg = Config.quick() if args.quick else Config()
+    if args.light_rate:
+        cfg = replace(cfg, light_rate=args.light_rate)
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-tenants-"))
+    load_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    start = time.monotonic()
+    rounds = [run_round(i, cfg, log_dir) for i in range(args.rounds)]
+    table = summarize(rounds, SETUPS)
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "load_before": load_before,
+        "wall_s": time.monotonic() - start,
+        "config": vars(cfg) | {"max_num_seqs": MAX_SEQS, "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS},
+        "workload": workload_text(cfg),
+        "rounds": rounds,
+        "table": table,
+        "goals": goals(table),
+        "notes": notes(table, log_dir),
+    }
+    for path in write_report(result, args.out_dir):
+        print(f"wrote {path}")
+    print((args.out_dir / "tenants.md").read_text())
+    return 0
+
+
+def workload_text(cfg: Config) -> str:
+    return (f"The default model, int4 weights, `--max-num-seqs {MAX_SEQS}`; every request {PROMPT_TOKENS} random "
+            f"prompt tokens and {NEW_TOKENS} new tokens (greedy, `ignore_eos`) over gRPC; the tenant in the "
+            f"`{TENANT_HEADER}` metadata. The phases: benchmarks/tenants.py's docstring.")  # fmt: skip
+
+
+def notes(table: dict[str, Any], log_dir: Path) -> list[str]:
+    out = [f"P99 of {table['alone']['count']} (alone) and about as many samples (each policy) is near the maximum: "
+           "read it as the worst light request of the run.",
+           "The priority goal's prefill is the solo TTFT of the probe's shape (128 prompt tokens) on the same server, "
+           "idle, before its load; a step is the heavy requests' median inter-token gap in the same phase (a step "
+           "of 16 decodes, sometimes with a prefill chunk). The probes are tenant light, priority -10; under fcfs "
+           "the priority is ignored, under fair it orders the light tenant's own requests only.",
+           "heavy : light requests: heavy requests completed / light requests sent in the contention phase (the "
+           "issue's 10x; `--light-rate` changes the light tenant's rate).",
+           f"server logs: {log_dir}"]  # fmt: skip
+    failed = {
+        n: row["failed"] for phase in ("contention", "shares") for n, row in table[phase].items() if row["failed"]
+    }
+    if failed:
+        out.append(f"failed requests (not counted): {failed}")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""`make bench-tenants`: the figures of a phase (from the client's per-request results), the goals, the report and
+the plot. No server here: benchmarks/tenants.py runs the loads; tests feed this module made-up results."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from infer.clients.bench.metrics import percentile
+from infer.clients.bench.targets import RequestResult
+
+HEAVY, LIGHT, PROBE = "heavy", "light", "probe"
+BIN_S = 2.0  # the plot's time step
+GOAL_TTFT = 1.5  # fair: light TTFT P99 <= 1.5x alone
+GOAL_SHARE = 0.10  # fair: each share within 10% (relative) of its weight share
+GOAL_TOTAL = 0.95  # total output tok/s >= 0.95x fcfs
+GOAL_PROBE_STEPS = 2  # priority: TTFT <= prefill + 2 steps
+
+
+# one phase
+def token_times(r: RequestResult, offset_s: float = 0.0) -> list[float]:
+    """When each output token reached the client, from the phase's start (a message's tokens share its time)."""
+    if r.ttft_s is None or r.output_tokens <= 0:
+        return []
+    at = [offset_s + r.sent_s + r.ttft_s]
+    for gap in r.gaps_s:
+        at.append(at[-1] + gap)
+    per_message = r.output_tokens / len(at)
+    return [t for i, t in enumerate(at) for _ in range(_share(i, per_message))]
+
+
+def _share(i: int, per_message: float) -> int:
+    return round((i + 1) * per_message) - round(i * per_message)
+
+
+def in_window(times: Iterable[float], window: tuple[float, float]) -> int:
+    return sum(window[0] <= t < window[1] for t in times)
+
+
+def series(times: Sequence[float], end_s: float, bin_s: float = BIN_S) -> list[float]:
+    """Output tok/s in consecutive bins of `bin_s` from 0 to `end_s`."""
+    bins = [0] * max(1, math.ceil(end_s / bin_s))
+    for t in times:
+        if 0 <= t < end_s:
+            bins[int(t // bin_s)] += 1
+    return [n / bin_s for n in bins]
+
+
+def phase_figures(tenants: dict[str, tuple[float, Sequence[RequestResult]]], window: tuple[float, float],
+                  end_s: float) -> dict[str, Any]:  # fmt: skip
+    """One phase: `tenants` maps a tenant to (its load's start offset in the phase, its results); `window` is
+    when every tenant was backlogged (or the light tenant's load ran); `end_s` when the load stopped."""
+    length_s = window[1] - window[0]
+    out: dict[str, Any] = {"window_s": list(window), "end_s": end_s, "tenants": {}}
+    for tenant, (offset_s, results) in tenants.items():
+        times = sorted(t for r in results for t in token_times(r, offset_s))
+        gaps = [g for r in results for g, at in zip(r.gaps_s, token_times(r, offset_s)[1:], strict=False)
+                if window[0] <= at < window[1]]  # fmt: skip
+        out["tenants"][tenant] = {
+            "tokens": in_window(times, window),
+            "tok_s": in_window(times, window) / length_s if length_s > 0 else math.nan,
+            "ttft_s": [r.ttft_s for r in results if r.ttft_s is not None and r.ok],
+            "num_sent": len(results),
+            "num_done": sum(r.ok for r in results),
+            "num_failed": sum(not r.ok and r.status != "stopped" for r in results),
+            "step_s": statistics.median(gaps) if gaps else math.nan,
+            "series": series(times, end_s),
+        }
+        if tenant == PROBE:
+            out["tenants"][tenant]["sent_s"] = [offset_s + r.sent_s for r in results]
+    counted = [v for k, v in out["tenants"].items() if k != PROBE]
+    total = sum(v["tokens"] for v in counted)
+    out["total_tok_s"] = total / length_s if length_s > 0 else math.nan
+    for v in counted:
+        v["share"] = v["tokens"] / total if total else math.nan
+    return out
+
+
+# over rounds
+def pooled(rounds: list[dict[str, Any]], setup: str, phase: str, tenant: str, key: str) -> list[float]:
+    return [x for r in rounds if phase in r["setups"].get(setup, {})
+            for x in r["setups"][setup][phase]["tenants"].get(tenant, {}).get(key, [])]  # fmt: skip
+
+
+def _phases(rounds: list[dict[str, Any]], setup: str, phase: str) -> list[dict[str, Any]]:
+    return [r["setups"][setup][phase] for r in rounds if phase in r["setups"].get(setup, {})]
+
+
+def ttft_row(values: Sequence[float]) -> dict[str, float]:
+    return {"p50_s": percentile(values, 50), "p99_s": percentile(values, 99), "count": len(values)}
+
+
+def summarize(rounds: list[dict[str, Any]], setups: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The tables: light TTFT alone and per policy, shares per setup, throughput ratios to fcfs, the probes."""
+    alone = [x for r in rounds for x in r["alone_ttft_s"]]
+    table: dict[str, Any] = {"alone": ttft_row(alone), "contention": {}, "shares": {}}
+    for phase in ("contention", "shares"):
+        base = {i: r["setups"]["fcfs"][phase]["total_tok_s"] for i, r in enumerate(rounds)
+                if phase in r["setups"].get("fcfs", {})}  # fmt: skip
+        for name, setup in setups.items():
+            done = [(i, r["setups"][name][phase]) for i, r in enumerate(rounds) if phase in r["setups"].get(name, {})]
+            if not done:
+                continue
+            tokens = {t: sum(p["tenants"][t]["tokens"] for _, p in done) for t in (HEAVY, LIGHT)}
+            total = sum(tokens.values())
+            row = {
+                "total_tok_s": statistics.median(p["total_tok_s"] for _, p in done),
+                "vs_fcfs": statistics.median(p["total_tok_s"] / base[i] for i, p in done if i in base)
+                if any(i in base for i, _ in done) else math.nan,
+                "share": {t: n / total if total else math.nan for t, n in tokens.items()},
+                "weight_share": weight_shares(setup["weights"]),
+                "light": ttft_row(pooled(rounds, name, phase, LIGHT, "ttft_s")),
+                "probe": ttft_row(pooled(rounds, name, phase, PROBE, "ttft_s")),
+                "heavy_per_light": _ratio(sum(p["tenants"][HEAVY]["num_done"] for _, p in done),
+                                          sum(p["tenants"][LIGHT]["num_sent"] for _, p in done)),
+                "step_s": statistics.median(p["tenants"][HEAVY]["step_s"] for _, p in done),
+                "failed": sum(p["tenants"][t]["num_failed"] for _, p in done for t in p["tenants"]),
+            }  # fmt: skip
+            row["deviation"] = max(abs(row["share"][t] / row["weight_share"][t] - 1) for t in (HEAVY, LIGHT))
+            table[phase][name] = row
+    table["probes"] = probe_bounds(rounds)
+    return table
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def weight_shares(weights: dict[str, float]) -> dict[str, float]:
+    w = {t: weights.get(t, 1.0) for t in (HEAVY, LIGHT)}
+    return {t: v / sum(w.values()) for t, v in w.items()}
+
+
+def probe_bounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The priority setup's high-priority probes against their round's prefill (solo TTFT) plus two steps."""
+    bounds, ttfts, within = [], [], 0
+    for r in rounds:
+        setup = r["setups"].get("priority", {})
+        if "contention" not in setup or not setup.get("probe_solo_ttft_s"):
+            continue
+        prefill_s = statistics.median(setup["probe_solo_ttft_s"])
+        step_s = setup["contention"]["tenants"][HEAVY]["step_s"]
+        bound = prefill_s + GOAL_PROBE_STEPS * step_s
+        probes = setup["contention"]["tenants"].get(PROBE, {}).get("ttft_s", [])
+        bounds.append({"prefill_s": prefill_s, "step_s": step_s, "bound_s": bound})
+        ttfts += probes
+        within += sum(t <= bound for t in probes)
+    return {"rounds": bounds, "ttft": ttft_row(ttfts), "max_s": max(ttfts, default=math.nan),
+            "within": within, "count": len(ttfts)}  # fmt: skip
+
+
+# goals
+def goals(table: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    fair = table["contention"].get("fair 1:1")
+    if fair:
+        ratio = fair["light"]["p99_s"] / table["alone"]["p99_s"]
+        rows.append(
+            _goal(
+                "fair: light tenant's TTFT P99 / alone",
+                f"≤ {GOAL_TTFT}x",
+                f"{ratio:.2f}x ({_ms(fair['light']['p99_s'])} vs {_ms(table['alone']['p99_s'])})",
+                ratio <= GOAL_TTFT,
+            )
+        )
+    for name, row in table["shares"].items():
+        if name.startswith("fair"):
+            got = " / ".join(f"{row['share'][t]:.3f} ({row['weight_share'][t]:.3f})" for t in (HEAVY, LIGHT))
+            rows.append(_goal(f"{name}: output shares heavy / light (weight share), both backlogged",
+                              f"each within {GOAL_SHARE:.0%}", f"{got}: off by {row['deviation']:.1%}",
+                              row["deviation"] <= GOAL_SHARE))  # fmt: skip
+    for phase in ("contention", "shares"):
+        for name, row in table[phase].items():
+            if name != "fcfs" and not math.isnan(row["vs_fcfs"]):
+                rows.append(_goal(f"{name}: total output tok/s / fcfs ({phase})", f"≥ {GOAL_TOTAL}x",
+                                  f"{row['vs_fcfs']:.3f}x ({row['total_tok_s']:.1f} tok/s)",
+                                  row["vs_fcfs"] >= GOAL_TOTAL))  # fmt: skip
+    probes = table["probes"]
+    if probes["count"]:
+        bound = statistics.median(b["bound_s"] for b in probes["rounds"])
+        rows.append(
+            _goal(
+                "priority: TTFT of a priority -10 request at saturation",
+                f"≤ prefill + 2 steps ({_ms(bound)})",
+                f"P50 {_ms(probes['ttft']['p50_s'])}, max {_ms(probes['max_s'])}; "
+                f"{probes['within']} of {probes['count']} within",
+                probes["within"] == probes["count"],
+            )
+        )
+    return rows
+
+
+def _goal(name: str, target: str, measured: str, met: bool) -> dict[str, Any]:
+    return {"goal": name, "target": target, "measured": measured, "met": bool(met)}
+
+
+def _ms(s: float) -> str:
+    return "—" if math.isnan(s) else f"{1000 * s:.0f} ms"
+
+
+# report
+def write_report(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tenants.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out_dir / "tenants.md").write_text("\n".join(markdown(result)) + "\n")
+    written = [out_dir / "tenants.json", out_dir / "tenants.md"]
+    image = plot(result, out_dir / "tenants.png")
+    return written + ([image] if image else [])
+
+
+def markdown(result: dict[str, Any]) -> list[str]:
+    table, cfg = result["table"], result["config"]
+    lines = ["# Many tenants, one server: fcfs, priority and fair side by side", "",
+             f"`make bench-tenants` (benchmarks/tenants.py), {result['date']}, on {result['cpu']} "
+             f"({result['cpus']} CPUs); load before the run (`uptime`): {result['load_before']}. "
+             f"{len(result['rounds'])} round(s), {result['wall_s']:.0f} s in all. {result['workload']}", "",
+             "## Goals (issue 30)", "", "| goal | target | measured | met |", "|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {g['goal']} | {g['target']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |"
+              for g in result["goals"]]  # fmt: skip
+    lines += ["", f"## The light tenant under a heavy one ({cfg['heavy_streams']} heavy streams, light at "
+              f"{cfg['light_rate']:g} req/s)", "", "| policy | light TTFT P50 | light TTFT P99 | P99 / alone | "
+              "priority -10 TTFT P50 | heavy : light requests | total output tok/s | / fcfs |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|",
+              f"| alone (no heavy load) | {_ms(table['alone']['p50_s'])} | {_ms(table['alone']['p99_s'])} | 1.00x "
+              f"| | | | |"]  # fmt: skip
+    for name, row in table["contention"].items():
+        lines.append(
+            f"| {name} | {_ms(row['light']['p50_s'])} | {_ms(row['light']['p99_s'])} | "
+            f"{row['light']['p99_s'] / table['alone']['p99_s']:.2f}x | {_ms(row['probe']['p50_s'])} | "
+            f"{row['heavy_per_light']:.1f} | {row['total_tok_s']:.1f} | {row['vs_fcfs']:.3f}x |"
+        )
+    lines += ["", f"## Shares while both are backlogged ({cfg['heavy_streams']} heavy streams, "
+              f"{cfg['light_streams']} light streams)", "",
+              "| setup | heavy share (weight share) | light share (weight share) | off by | total output tok/s | "
+              "/ fcfs |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, row in table["shares"].items():
+        cells = " | ".join(f"{row['share'][t]:.3f} ({row['weight_share'][t]:.3f})" for t in (HEAVY, LIGHT))
+        lines.append(
+            f"| {name} | {cells} | {row['deviation']:.1%} | {row['total_tok_s']:.1f} | {row['vs_fcfs']:.3f}x |"
+        )
+    lines += ["", "## Priority at saturation", "", "| round | prefill (solo TTFT) | step (heavy inter-token, "
+              "median) | bound: prefill + 2 steps |", "|---|---:|---:|---:|"]  # fmt: skip
+    lines += [f"| {i + 1} | {_ms(b['prefill_s'])} | {_ms(b['step_s'])} | {_ms(b['bound_s'])} |"
+              for i, b in enumerate(table["probes"]["rounds"])]  # fmt: skip
+    lines += ["", "![per-tenant output tok/s over time](tenants.png)", "", "## Notes", ""]
+    return lines + [f"- {note}" for note in result["notes"]]
+
+
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    """Per-tenant output tok/s over time, one panel per setup and phase (the first round); None without
+    matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(name, phase, p) for name, setup in result["rounds"][0]["setups"].items()
+              for phase, p in setup.items() if phase in ("contention", "shares")]  # fmt: skip
+    cols = 3
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
+    for ax, (name, phase, p) in zip(axes.flat, panels, strict=False):
+        for tenant, v in p["tenants"].items():
+            if tenant != PROBE:
+                ax.plot([BIN_S * (i + 0.5) for i in range(len(v["series"]))], v["series"], label=tenant)
+        for t in p["tenants"].get(PROBE, {}).get("sent_s", []):
+            ax.axvline(t, color="grey", lw=0.6, ls=":")
+        ax.axvspan(*p["window_s"], color="grey", alpha=0.08)
+        ax.set_title(f"{name}: {phase}", fontsize=9)
+        ax.set_xlabel("s")
+        ax.set_ylabel("output tok/s")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle("per-tenant output tok/s over time (shaded: the measured window; dotted: priority probes)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

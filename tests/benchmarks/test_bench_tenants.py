@@ -1,0 +1,128 @@
+"""`make bench-tenants`: its figures, goals and report on made-up results, and its stoppable target on a fake one
+(the real run takes minutes and the model)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infer.clients.bench.targets import Clock, RequestResult
+from infer.clients.bench.workloads import RequestSpec
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import tenants  # noqa: E402
+import tenants_report as report  # noqa: E402
+from tenants_report import HEAVY, LIGHT, PROBE  # noqa: E402
+
+
+def _req(sent_s: float, ttft_s: float, tokens: int, gap_s: float = 0.1, status: str = "OK") -> RequestResult:
+    gaps = [gap_s] * (tokens - 1)
+    return RequestResult(0, "", 128, tokens, sent_s, status, "", ttft_s, ttft_s + sum(gaps), tokens, gaps)
+
+
+def test_token_times_follow_the_messages_and_spread_a_messages_tokens() -> None:
+    assert report.token_times(_req(1.0, 0.5, 3), offset_s=2.0) == pytest.approx([3.5, 3.6, 3.7])
+    two_per_message = RequestResult(0, "", 8, 4, 0.0, "OK", "", 1.0, 2.0, 4, [1.0])
+    assert report.token_times(two_per_message) == [1.0, 1.0, 2.0, 2.0]
+    assert report.token_times(RequestResult(0, "", 8, 4, 0.0, "stopped")) == []  # stopped before its first token
+    assert report.series([0.1, 0.2, 1.5, 9.0], end_s=2.0, bin_s=1.0) == [2.0, 1.0]  # past the end: not counted
+
+
+def _phase(heavy_tokens: int, light_tokens: int, light_ttft: float, probes: tuple[float, ...] = ()) -> dict[str, Any]:
+    """10 s of load: each tenant's tokens spread evenly over [0, 10), one request each, plus light requests."""
+    heavy = [_req(0.0, 0.0, heavy_tokens, 10 / heavy_tokens)]
+    light = [_req(0.0, 0.0, light_tokens, 10 / light_tokens)] + [_req(t, light_ttft, 1) for t in (2.0, 4.0)]
+    tenants_: dict[str, Any] = {HEAVY: (0.0, heavy), LIGHT: (0.0, light)}
+    if probes:
+        tenants_[PROBE] = (1.0, [_req(t, ttft, 1) for t, ttft in enumerate(probes)])
+    return report.phase_figures(tenants_, (0.0, 10.0), 10.0)
+
+
+def test_a_phase_counts_tokens_in_its_window_and_the_shares_leave_the_probes_out() -> None:
+    p = _phase(300, 98, 0.5, probes=(0.2, 0.3))
+    assert p["tenants"][HEAVY]["tokens"] == 300 and p["tenants"][LIGHT]["tokens"] == 100
+    assert p["tenants"][HEAVY]["share"] == pytest.approx(0.75) and "share" not in p["tenants"][PROBE]
+    assert p["total_tok_s"] == pytest.approx(40.0)
+    assert p["tenants"][HEAVY]["step_s"] == pytest.approx(10 / 300)
+    assert p["tenants"][PROBE]["sent_s"] == [1.0, 2.0] and p["tenants"][PROBE]["ttft_s"] == [0.2, 0.3]
+    assert len(p["tenants"][LIGHT]["series"]) == 10 / report.BIN_S
+
+
+def _rounds(fair_light_ttft: float, fair_shares: tuple[int, int], probe_ttft: float) -> list[dict[str, Any]]:
+    setups = {
+        "fcfs": {"contention": _phase(300, 30, 3.0), "shares": _phase(300, 150, 3.0)},
+        "priority": {"contention": _phase(300, 30, 3.0, (probe_ttft,) * 3), "probe_solo_ttft_s": [0.1, 0.1, 0.1]},
+        "fair 1:1": {"contention": _phase(300, 30, fair_light_ttft), "shares": _phase(225, 225, 0.2)},
+        "fair 1:2": {"shares": _phase(*fair_shares, 0.2)},
+    }
+    return [{"order": list(setups), "setups": setups, "alone_ttft_s": [0.1] * 8}]
+
+
+def test_goals_met_and_missed_say_so_with_the_measured_figures(tmp_path: Path) -> None:
+    # step: 10 s / 300 tokens; bound: 0.1 + 2 x 0.033 = 0.167 s
+    good = report.summarize(_rounds(0.14, (150, 300), 0.15), tenants.SETUPS)
+    assert all(g["met"] for g in report.goals(good)), report.goals(good)
+    assert good["shares"]["fair 1:2"]["weight_share"][LIGHT] == pytest.approx(2 / 3)
+    assert good["contention"]["fcfs"]["heavy_per_light"] == pytest.approx(1 / 3)  # 1 heavy done, 3 light sent
+    bad = report.goals(report.summarize(_rounds(0.4, (300, 150), 0.5), tenants.SETUPS))
+    missed = [g for g in bad if not g["met"]]
+    assert [g["goal"].split(":")[0] for g in missed] == ["fair", "fair 1", "priority"], missed
+    assert "4.00x" in missed[0]["measured"] and "1:2: output shares" in missed[1]["goal"]
+    assert "0 of 3 within" in missed[2]["measured"]
+
+
+def test_the_report_writes_json_and_markdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(report, "plot", lambda result, path: None)  # NOTE: matplotlib takes seconds; the run plots
+    rounds = _rounds(0.14, (150, 300), 0.15)
+    table = report.summarize(rounds, tenants.SETUPS)
+    result = {"date": "today", "cpu": "a CPU", "cpus": 2, "load_before": "load average: 0.10", "wall_s": 300.0,
+              "config": vars(tenants.Config()), "workload": "w.", "rounds": rounds, "table": table,
+              "goals": report.goals(table), "notes": ["a note"]}  # fmt: skip
+    assert report.write_report(result, tmp_path) == [tmp_path / "tenants.json", tmp_path / "tenants.md"]
+    assert json.loads((tmp_path / "tenants.json").read_text())["goals"] == result["goals"]
+    text = (tmp_path / "tenants.md").read_text()
+    assert "load average: 0.10" in text and "| fair 1:2 | 0.332 (0.333) | 0.668 (0.667) | 0.4% |" in text
+    assert "| alone (no heavy load) | 100 ms | 100 ms | 1.00x" in text and "- a note" in text
+    assert "| fair: light tenant's TTFT P99 / alone | ≤ 1.5x | 1.40x (140 ms vs 100 ms) | yes |" in text
+
+
+class _SlowTarget:
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def send(self, spec: RequestSpec, result: RequestResult) -> None:
+        self.sent += 1
+        clock = Clock(result)
+        for _ in range(spec.max_tokens):
+            await asyncio.sleep(0.01)
+            clock.tokens(1)
+        clock.done()
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_stopped_request_keeps_its_tokens_and_later_ones_are_not_sent() -> None:
+    async def scenario() -> tuple[RequestResult, RequestResult, int]:
+        stop, slow = asyncio.Event(), _SlowTarget()
+        target = tenants.Stoppable(slow, stop)
+        first, later = RequestResult(0, "", 1, 1000, 0.0), RequestResult(1, "", 1, 1000, 0.0)
+        task = asyncio.ensure_future(target.send(RequestSpec((1,), 1000), first))
+        await asyncio.sleep(0.1)
+        stop.set()
+        await task
+        await target.send(RequestSpec((1,), 1000), later)
+        return first, later, slow.sent
+
+    first, later, sent = asyncio.run(scenario())
+    assert first.status == "stopped" and 3 <= first.output_tokens < 1000 and first.ttft_s is not None
+    assert later.status == "stopped" and later.output_tokens == 0 and sent == 1
