@@ -8,6 +8,7 @@ import os
 import tempfile
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import grpc
 import torch
@@ -17,9 +18,6 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from infer.api import SERVICE_NAME
 from infer.engine import AsyncEngine, EngineClient, EngineConfig, EngineStats, ModelLoadError
-from infer.server.gateway.app import GatewayConfig, GatewayServer, local_upstream
-from infer.server.gateway.guard import HttpLimits
-from infer.server.gateway.origins import parse_origins
 from infer.server.health_port import HealthPort
 from infer.server.lifecycle import Lifecycle
 from infer.server.security import ApiKeyInterceptor, ApiKeys, server_credentials
@@ -29,6 +27,9 @@ from infer.server.signals import run_until_signal
 from infer.server.telemetry import Telemetry, make_span_exporter
 from infer.server.tenants import TenantIdentity, Tenants, TenantTable
 from infer.server.vllm_metrics import ServedModel
+
+if TYPE_CHECKING:
+    from infer.server.gateway.app import GatewayServer
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +148,8 @@ class InferenceServer:
     @property
     def gateway_upstream(self) -> str:
         """Where the in-process gateway reaches this server: the private Unix socket under TLS, else the port."""
+        from infer.server.gateway.app import local_upstream
+
         return self.local_address or local_upstream(self.config.host, self.port)
 
     def _listen(self, server: grpc.aio.Server) -> int:
@@ -254,6 +257,12 @@ async def start_gateway(server: InferenceServer) -> GatewayServer | None:
     config = server.config
     if config.http_port is None:
         return None
+    # NOTE: here, not at the top: a server without the gateway has no use for it (yet it is still imported: the
+    # settings import gateway.origins, and the gateway package's __init__ imports its app)
+    from infer.server.gateway.app import GatewayConfig, GatewayServer
+    from infer.server.gateway.guard import HttpLimits
+    from infer.server.gateway.origins import parse_origins
+
     gateway = GatewayServer(
         GatewayConfig(
             upstream=server.gateway_upstream,

@@ -75,10 +75,9 @@ def _add_serve_parser(sub: argparse._SubParsersAction, with_settings: bool) -> N
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    from infer.clients.bench.cli import add_bench_parser
-    from infer.clients.cli import add_client_parser, add_health_parser
-    from infer.server.gateway.cli import add_gateway_parser
-
+    """`infer`'s parser. `argv`, when given, is what it will parse: `serve` gets its settings only if it names it
+    (they import torch), and a parser for `serve` leaves out the client-side commands, whose parsers import the
+    clients and the gateway (start-up time: `serve` imports the gateway only when it serves HTTP)."""
     parser = argparse.ArgumentParser(prog="infer", description="LLM inference: generate, serve, call.")
     parser.add_argument(
         "--log-level", default=os.environ.get("INFER_LOG_LEVEL"), help="DEBUG, INFO, WARNING, ERROR "
@@ -108,11 +107,32 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="Ahead of `infer serve`, for example in an image build; a converted model is left as it is.",
     )
     prepare.set_defaults(func=_prepare_model)
+    if argv is None or _command(argv) != "serve":
+        _add_client_parsers(sub)
+    return parser
+
+
+def _add_client_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The commands of the clients' side: client, health, bench, gateway."""
+    from infer.clients.bench.cli import add_bench_parser
+    from infer.clients.cli import add_client_parser, add_health_parser
+    from infer.server.gateway.cli import add_gateway_parser
+
     add_client_parser(sub)
     add_health_parser(sub)
     add_bench_parser(sub)
     add_gateway_parser(sub)
-    return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command `argv` names: its first word that is neither an option nor `--log-level`'s value."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-level":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,12 +4,15 @@ gateway, the clients) imports it from there; the models run on the kernel interf
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import infer.api
 import infer.kernels
 from tests.helpers.imports import imports_from
+from tests.helpers.tiny_gguf import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEAKERS = ("server", "clients")  # server/ holds the gateway (server/gateway/)
@@ -153,3 +156,47 @@ def test_models_import_only_the_kernel_interface() -> None:
         modules = {m.split(".")[0] for m, _ in _imports(path)}
         assert "triton" not in modules, f"{_where(path)} imports triton"
     assert outside == [], "models take ops from the `Kernels` interface"
+
+
+# --- start-up: what `infer serve` leaves for later
+
+# imported on first use, never before SERVING: xgrammar by the first constrained request (its trial worker, a
+# process, with it), transformers never when serving a GGUF file, Triton only on CUDA, the client-side commands
+LAZY_MODULES = ("xgrammar", "transformers", "accelerate", "triton", "infer.clients.bench", "infer.clients.cli")
+SERVE_UNTIL_SERVING = """
+import asyncio, sys
+from infer.engine.structured.grammar_budget import trial_worker
+from infer.server.cli import build_parser
+from infer.server.settings import config_from_args
+argv = ["serve", "--model", sys.argv[1], "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0",
+        "--metrics-port", "off", "--max-model-len", "64", "--num-blocks", "16"]
+config = config_from_args(build_parser(argv).parse_args(argv))
+from infer.server.app import InferenceServer, start_gateway
+
+async def serve():
+    server = InferenceServer(config)
+    await server.start()
+    gateway = await start_gateway(server)
+    await server.load()
+    assert server.engine is not None  # SERVING
+    lazy = sys.argv[2].split(",")
+    imported = sorted(m for m in sys.modules if any(m == name or m.startswith(name + ".") for name in lazy))
+    await asyncio.gather(server.stop(grace_s=0), gateway.stop())
+    return imported
+
+imported = asyncio.run(serve())
+print(",".join(sorted({m.split(".")[0] if not m.startswith("infer.") else m for m in imported})))
+print(trial_worker().pid)
+"""
+
+
+def test_serving_a_gguf_file_imports_nothing_it_needs_only_later(tmp_path: Path) -> None:
+    """Time to SERVING (issue 26): `infer serve` up to SERVING, warm-up included, imports none of the lazy modules
+    and starts no grammar worker; a module-level import of one of them would add its import to every start."""
+    model = write_tiny_gguf(tmp_path / "tiny.gguf", "llama", num_layers=1)
+    argv = [sys.executable, "-c", SERVE_UNTIL_SERVING, str(model), ",".join(LAZY_MODULES)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported, worker = result.stdout.splitlines()[-2:]
+    assert imported == "", f"imported before SERVING: {imported}"
+    assert worker == "None", "the grammar trial worker started before SERVING"
