@@ -5,7 +5,8 @@ gRPC metadata `x-tenant` (`--tenant-header x-tenant`, weights from `--tenants FI
 `priority`, `fair 1:1` (heavy and light weigh 1) and `fair 1:2` (light weighs 2). Every request: 128 random
 prompt tokens, 32 new tokens, greedy, `ignore_eos`, over gRPC `Generate`; the load generator is `infer bench`'s.
 
-- alone: the light tenant's requests one at a time on an idle server (the first of the round): its TTFT alone.
+- alone (fcfs, priority, fair 1:1): before the load, the light tenant's requests one at a time on the idle server:
+  its TTFT alone, against which that server's loaded figures are read.
 - contention (fcfs, priority, fair 1:1): the heavy tenant keeps 32 streams open (twice the engine's sequences:
   it is never idle and always queued); once it has filled the engine, the light tenant sends its requests at a
   Poisson rate (0.5 req/s: about a tenth of the heavy tenant's requests), and a few priority -10 requests (the
@@ -27,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -63,7 +63,7 @@ class Config:
     light_streams: int = 16  # shares: the light tenant backlogged too
     light_rate: float = 0.5  # contention: the light tenant's requests/s (Poisson)
     light_requests: int = 20
-    alone_requests: int = 16
+    alone_requests: int = 10
     num_probes: int = 5
     probe_gap_s: float = 7.0  # between probes, the first at one gap after the light load starts
     settle_s: float = 4.0  # the heavy load alone before the light one starts; the shares' window starts here
@@ -188,21 +188,20 @@ def serve(name: str, log_dir: Path, tag: str) -> Iterator[Running]:
         yield server
 
 
-def run_setup(name: str, cfg: Config, log_dir: Path, tag: str, alone: bool) -> tuple[dict[str, Any], list[float]]:
-    """One server: its phases' figures, and the light tenant's TTFTs alone when asked."""
+def run_setup(name: str, cfg: Config, log_dir: Path, tag: str) -> dict[str, Any]:
+    """One server: the light tenant's TTFTs alone (before a contention phase), its phases' figures."""
     out: dict[str, Any] = {}
-    alone_ttft: list[float] = []
     with serve(name, log_dir, tag) as server:
         asyncio.run(solo(server, requests(f"{tag}{name}w", 2), HEAVY))  # warm-up
-        if alone:
-            alone_ttft = asyncio.run(solo(server, requests(f"{tag}a", cfg.alone_requests), LIGHT))
+        if "contention" in SETUPS[name]["phases"]:
+            out["alone_ttft_s"] = asyncio.run(solo(server, requests(f"{tag}{name}a", cfg.alone_requests), LIGHT))
         if name == "priority":
             out["probe_solo_ttft_s"] = asyncio.run(solo(server, requests(f"{tag}s", 3, PROBE_TOKENS), LIGHT, -10))
         for phase in SETUPS[name]["phases"]:
             run = contention if phase == "contention" else shares
             out[phase] = asyncio.run(run(server, cfg, f"{tag}{name}{phase}"))
             print(f"  {name} {phase}: {summary_line(out[phase])}", flush=True)
-    return out, alone_ttft
+    return out
 
 
 def summary_line(p: dict[str, Any]) -> str:
@@ -212,21 +211,11 @@ def summary_line(p: dict[str, Any]) -> str:
 
 def run_round(index: int, cfg: Config, log_dir: Path) -> dict[str, Any]:
     order = list(SETUPS) if index % 2 == 0 else list(reversed(SETUPS))
-    out: dict[str, Any] = {"order": order, "setups": {}, "alone_ttft_s": []}
-    for i, name in enumerate(order):
+    out: dict[str, Any] = {"order": order, "setups": {}}
+    for name in order:
         print(f"round {index + 1}: {name}", flush=True)
-        out["setups"][name], alone = run_setup(name, cfg, log_dir, f"r{index + 1}", alone=i == 0)
-        out["alone_ttft_s"] += alone
+        out["setups"][name] = run_setup(name, cfg, log_dir, f"r{index + 1}")
     return out
-
-
-def cpu_model() -> str:
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines()
-    except (OSError, subprocess.TimeoutExpired):
-        lines = []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Model name")]
-    return names[0] if names else platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--light-rate", type=float, help=rate_help + " on 2 quiet cores; the report gives the ratio)")
     ap.add_argument("--out-dir", type=Path, default=OUT_DIR)
     args = ap.parse_args(argv)
+    from models import machine  # NOTE: here: it imports torch, which the report's tests do not need
+
     cfg = Config.quick() if args.quick else Config()
     if args.light_rate:
         cfg = replace(cfg, light_rate=args.light_rate)
@@ -247,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize(rounds, SETUPS)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "cpu": cpu_model(),
+        "cpu": machine()["cpu"],
         "cpus": os.cpu_count(),
         "load_before": load_before,
         "wall_s": time.monotonic() - start,
@@ -271,12 +262,13 @@ def workload_text(cfg: Config) -> str:
 
 
 def notes(table: dict[str, Any], log_dir: Path) -> list[str]:
-    out = [f"P99 of {table['alone']['count']} (alone) and about as many samples (each policy) is near the maximum: "
-           "read it as the worst light request of the run.",
+    out = [f"P99 of {table['alone']['count']} (alone, all servers) or about 20 samples (each server) is near the "
+           "maximum: read it as the worst light request.",
            "The priority goal's prefill is the solo TTFT of the probe's shape (128 prompt tokens) on the same server, "
            "idle, before its load; a step is the heavy requests' median inter-token gap in the same phase (a step "
-           "of 16 decodes, sometimes with a prefill chunk). The probes are tenant light, priority -10; under fcfs "
-           "the priority is ignored, under fair it orders the light tenant's own requests only.",
+           "of 16 decodes; the mean gap counts the steps that also carry a heavy request's prefill). The probes are "
+           "tenant light, priority -10; under fcfs the priority is ignored, under fair it orders the light tenant's "
+           "own requests only.",
            "heavy : light requests: heavy requests completed / light requests sent in the contention phase (the "
            "issue's 10x; `--light-rate` changes the light tenant's rate).",
            f"server logs: {log_dir}"]  # fmt: skip

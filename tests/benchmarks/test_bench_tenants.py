@@ -57,12 +57,13 @@ def test_a_phase_counts_tokens_in_its_window_and_the_shares_leave_the_probes_out
 
 def _rounds(fair_light_ttft: float, fair_shares: tuple[int, int], probe_ttft: float) -> list[dict[str, Any]]:
     setups = {
-        "fcfs": {"contention": _phase(300, 30, 3.0), "shares": _phase(300, 150, 3.0)},
+        "fcfs": {"contention": _phase(300, 30, 3.0), "shares": _phase(300, 150, 3.0), "alone_ttft_s": [0.2] * 8},
         "priority": {"contention": _phase(300, 30, 3.0, (probe_ttft,) * 3), "probe_solo_ttft_s": [0.1, 0.1, 0.1]},
-        "fair 1:1": {"contention": _phase(300, 30, fair_light_ttft), "shares": _phase(225, 225, 0.2)},
+        "fair 1:1": {"contention": _phase(300, 30, fair_light_ttft), "shares": _phase(225, 225, 0.2),
+                     "alone_ttft_s": [0.1] * 8},
         "fair 1:2": {"shares": _phase(*fair_shares, 0.2)},
-    }
-    return [{"order": list(setups), "setups": setups, "alone_ttft_s": [0.1] * 8}]
+    }  # fmt: skip
+    return [{"order": list(setups), "setups": setups}]
 
 
 def test_goals_met_and_missed_say_so_with_the_measured_figures(tmp_path: Path) -> None:
@@ -89,8 +90,9 @@ def test_the_report_writes_json_and_markdown(tmp_path: Path, monkeypatch: pytest
     assert json.loads((tmp_path / "tenants.json").read_text())["goals"] == result["goals"]
     text = (tmp_path / "tenants.md").read_text()
     assert "load average: 0.10" in text and "| fair 1:2 | 0.332 (0.333) | 0.668 (0.667) | 0.4% |" in text
-    assert "| alone (no heavy load) | 100 ms | 100 ms | 1.00x" in text and "- a note" in text
-    assert "| fair: light tenant's TTFT P99 / alone | ≤ 1.5x | 1.40x (140 ms vs 100 ms) | yes |" in text
+    assert "| fcfs | 200 ms / 200 ms | 3000 ms | 3000 ms | 15.00x |" in text and "- a note" in text
+    assert "| fair: light tenant's TTFT P99 / alone | ≤ 1.5x | 1.40x (140 ms vs 100 ms alone) | yes |" in text
+    assert "| 1 | 100 ms | 33 ms / 33 ms | 167 ms | 167 ms | 150 ms, 150 ms, 150 ms |" in text
 
 
 class _SlowTarget:
