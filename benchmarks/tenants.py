@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -201,6 +202,7 @@ def run_setup(name: str, cfg: Config, log_dir: Path, tag: str) -> dict[str, Any]
             run = contention if phase == "contention" else shares
             out[phase] = asyncio.run(run(server, cfg, f"{tag}{name}{phase}"))
             print(f"  {name} {phase}: {summary_line(out[phase])}", flush=True)
+    out["cpu_threads"] = re.findall(r"CPU threads (\d+ -> \d+)", server.log.read_text(errors="replace"))
     return out
 
 
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds,
         "table": table,
         "goals": goals(table),
-        "notes": notes(table, log_dir),
+        "notes": notes(rounds, table, log_dir),
     }
     for path in write_report(result, args.out_dir):
         print(f"wrote {path}")
@@ -261,7 +263,7 @@ def workload_text(cfg: Config) -> str:
             f"`{TENANT_HEADER}` metadata. The phases: benchmarks/tenants.py's docstring.")  # fmt: skip
 
 
-def notes(table: dict[str, Any], log_dir: Path) -> list[str]:
+def notes(rounds: list[dict[str, Any]], table: dict[str, Any], log_dir: Path) -> list[str]:
     out = [f"P99 of {table['alone']['count']} (alone, all servers) or about 20 samples (each server) is near the "
            "maximum: read it as the worst light request.",
            "The priority goal's prefill is the solo TTFT of the probe's shape (128 prompt tokens) on the same server, "
@@ -272,6 +274,11 @@ def notes(table: dict[str, Any], log_dir: Path) -> list[str]:
            "heavy : light requests: heavy requests completed / light requests sent in the contention phase (the "
            "issue's 10x; `--light-rate` changes the light tenant's rate).",
            f"server logs: {log_dir}"]  # fmt: skip
+    moves = [
+        f"{name}: {', '.join(setup['cpu_threads']) or 'none'}" for r in rounds for name, setup in r["setups"].items()
+    ]
+    out.append("The servers' CPU threads follow the free cores (engine/threads.py; the load generator shares the "
+               f"cores); their moves: {'; '.join(moves)}.")  # fmt: skip
     failed = {
         n: row["failed"] for phase in ("contention", "shares") for n, row in table[phase].items() if row["failed"]
     }
