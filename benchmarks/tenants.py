@@ -202,7 +202,9 @@ def run_setup(name: str, cfg: Config, log_dir: Path, tag: str) -> dict[str, Any]
             run = contention if phase == "contention" else shares
             out[phase] = asyncio.run(run(server, cfg, f"{tag}{name}{phase}"))
             print(f"  {name} {phase}: {summary_line(out[phase])}", flush=True)
-    out["cpu_threads"] = re.findall(r"CPU threads (\d+ -> \d+)", server.log.read_text(errors="replace"))
+    log = server.log.read_text(errors="replace")
+    out["cpu_threads"] = re.findall(r"CPU threads (\d+ -> \d+)", log)
+    out["kernels"] = "".join(re.findall(r"kernels: (.*?) \(INFER_KERNELS", log)[:1])
     return out
 
 
@@ -279,6 +281,11 @@ def notes(rounds: list[dict[str, Any]], table: dict[str, Any], log_dir: Path) ->
     ]
     out.append("The servers' CPU threads follow the free cores (engine/threads.py; the load generator shares the "
                f"cores); their moves: {'; '.join(moves)}.")  # fmt: skip
+    kernels = {name: setup["kernels"] for r in rounds for name, setup in r["setups"].items()}
+    if len(set(kernels.values())) > 1:
+        out.append(f"NOT COMPARABLE: the servers ran different kernels (a source change mid-run?): {kernels}.")
+    else:
+        out.append(f"Every server ran the {next(iter(kernels.values()), '?')}.")
     failed = {
         n: row["failed"] for phase in ("contention", "shares") for n, row in table[phase].items() if row["failed"]
     }
