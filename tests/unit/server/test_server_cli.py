@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -79,3 +80,21 @@ def test_generate_takes_a_quantization_and_refuses_an_unknown_one(
     monkeypatch.undo()
     assert main(["generate", "Hi", "--quantization", "fp8"]) == 2
     assert "quantization: must be one of auto, none, int8, int4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "has_client_commands"),
+    [
+        (["serve"], False),
+        (["--log-level", "DEBUG", "serve", "--grpc-port", "0"], False),
+        (["--log-level", "serve", "health"], True),  # `serve` as the log level's value names no command
+        (["bench", "--help"], True),
+        (["generate", "serve"], True),  # a prompt that says serve
+    ],
+)
+def test_a_parser_for_serve_leaves_out_the_client_side_commands(argv: list[str], has_client_commands: bool) -> None:
+    """Start-up time: their parsers import the clients and the gateway, which `infer serve` does not need."""
+    parser = build_parser(argv)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"generate", "serve", "prepare-model"} <= set(commands)
+    assert ({"client", "health", "bench", "gateway"} <= set(commands)) is has_client_commands
