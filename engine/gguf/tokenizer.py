@@ -22,6 +22,7 @@ from typing import Any
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
+from infer.engine.gguf.merge_cache import cached_merges
 from infer.engine.gguf.pretokenizers import KNOWN_NAMES, byte_level_pre_tokenizer
 from infer.engine.tokenizer import Tokenizer, TokenizerLoadError
 
@@ -140,7 +141,7 @@ def _sentencepiece_bpe(vocab: GGUFVocab, unk: str, prefix_space: bool, is_phi3: 
     if vocab.merges is not None:
         merges = _split_merges(vocab)
     elif vocab.scores is not None:
-        merges = _rebuild_merges(ids, dict(zip(vocab.tokens, vocab.scores, strict=True)))
+        merges = cached_merges(ids, dict(zip(vocab.tokens, vocab.scores, strict=True)), _rebuild_merges)
     else:
         raise _error(vocab.source, "scores", "is missing (a llama tokenizer without merges needs its scores)")
     backend = BackendTokenizer(_bpe(vocab, ids, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
@@ -162,7 +163,7 @@ def _gemma_bpe(vocab: GGUFVocab, unk: str) -> BackendTokenizer:
     tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in vocab.tokens]
     ids = {t: i for i, t in enumerate(tokens)}
     positions = {t: -i for t, i in ids.items()}  # an earlier token merges first
-    merges = _split_merges(vocab) if vocab.merges is not None else _rebuild_merges(ids, positions)
+    merges = _split_merges(vocab) if vocab.merges is not None else cached_merges(ids, positions, _rebuild_merges)
     backend = BackendTokenizer(_bpe(vocab, ids, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
     backend.normalizer = normalizers.Replace(" ", "▁")
     backend.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
@@ -177,7 +178,8 @@ def _rebuild_merges(ids: Mapping[str, int], scores: Mapping[str, float]) -> list
     keys come from two tokens.
 
     NOTE: the tokens are sorted, not their splits (Gemma: 262,144 tokens, 514,906 merges): a token's splits,
-    longer left part first, are already in order; only tokens of equal score interleave theirs (`_tied_splits`)."""
+    longer left part first, are already in order; only tokens of equal score interleave theirs (`_tied_splits`).
+    Its merges are cached on disk (merge_cache.py): a change to what it returns bumps that cache's version."""
     ordered = sorted(scores.items(), key=itemgetter(1), reverse=True)  # stable: ties keep the order of `scores`
     if len(set(scores.values())) == len(ordered):  # every score once (Gemma's token order)
         return [(left, right) for t, _ in ordered for k in range(len(t) - 1, 0, -1)
