@@ -12,7 +12,7 @@ import pytest
 from infer.clients.bench.load import LoadPlan, arrival_offsets, run_load
 from infer.clients.bench.metrics import Slo, Stats, max_overlap, percentile, summarize
 from infer.clients.bench.report import BenchRun, markdown_table
-from infer.clients.bench.targets import Clock, OpenAITarget, RequestResult
+from infer.clients.bench.targets import Clock, GrpcTarget, OpenAITarget, RequestResult
 from infer.clients.bench.workloads import (
     FIRST_ID,
     SYSTEM_PROMPT_TOKENS,
@@ -21,6 +21,7 @@ from infer.clients.bench.workloads import (
     WorkloadOptions,
     make_workload,
 )
+from infer.clients.types import Sampling
 
 
 def test_percentiles_interpolate_between_ranks() -> None:
@@ -173,3 +174,24 @@ def test_markdown_rows_name_the_run_its_tags_and_errors() -> None:
     lines = markdown_table([BenchRun("my run", "t", "w", "1 concurrent", None, Slo(), results)])
     assert len(lines) == 5 and lines[2].startswith("| my run | 1/2 |") and "CANCELLED ×1" in lines[2]
     assert lines[3].startswith("| my run — `decode` requests | 1/1 |")
+
+
+def test_the_grpc_target_sends_its_metadata_and_priority_with_every_request() -> None:
+    """bench-tenants names a tenant (x-tenant metadata) and a priority per target."""
+    calls: list[tuple[Sampling, object]] = []
+
+    class Client:
+        async def generate(
+            self, prompt: list[int], sampling: Sampling, *, metadata: object = ()
+        ) -> AsyncIterator[object]:
+            calls.append((sampling, metadata))
+            yield type("Chunk", (), {"token_ids": [1, 2]})()
+
+    target = GrpcTarget("127.0.0.1:1", (("x-tenant", "light"),), priority=-10)
+    target.client = Client()  # type: ignore[assignment]
+    result = RequestResult(0, "", 3, 2, 0.0)
+    asyncio.run(target.send(RequestSpec((1, 2, 3), 2), result))
+    ((sampling, metadata),) = calls
+    assert metadata == (("x-tenant", "light"),) and sampling.priority == -10
+    assert result.ok and result.output_tokens == 2
+    assert GrpcTarget("127.0.0.1:1").metadata == () and GrpcTarget("127.0.0.1:1").priority is None
