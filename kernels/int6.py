@@ -8,15 +8,15 @@ minimums), the scale the exact fp32 product and `w` one fp32 rounding of it time
 Packed for the compiled kernel (`csrc/int6_linear.cpp`) as one byte stream per strip of 16 output channels,
 `[N_pad / 16, K / 256, 3360]` uint8: a super-block is the 16 channels' `d_super` (fp16, 32 bytes), then its 16
 groups, each a 208-byte block: 2 x 64 bytes of nibbles (the low 4 bits; byte `4 c + b` of the j-th 64 holds k `8 j
-+ b` in its low and `8 j + 4 + b` in its high nibble, as int4's), 64 bytes of high bits (channel c's 32-bit lane
-holds at bits `2 i, 2 i + 1` the top two bits of the k whose nibble the kernel's i-th pair (`i = 4 j + p`) puts
-in a lane's low int16, and at bits `16 + 2 i, 17 + 2 i` those of its high int16: `K_OF_SLOT`), then the 16
-`d_sub` (int8). 0.8203 bytes per weight, the file's; a strip is read front to back, once per call.
++ b` in its low and `8 j + 4 + b` in its high nibble, as int4's), 64 bytes of top bits (byte `4 c + b` holds at
+bits `2 q, 2 q + 1` the top two bits of k `4 q + b`), then the 16 `d_sub` (int8). The kernel unpacks a group to
+bytes, 4 consecutive k a channel's 32-bit lane (a shift and two masks per 64 codes). 0.8203 bytes per weight, the
+file's; a strip is read front to back, once per call.
 
 Inputs are quantized per row and group of 16 to int16 (`packed.quantize_activations`, as int8g's groups of 16),
-so each group's dot product is exact integer arithmetic (the `- 32` folded in as `-32 * sum(xq)`) and a row's
-result never depends on the rows beside it. `int6_linear_ref` is the reference: the same inputs, the represented
-weights, an fp64 matmul.
+so each group's dot product is exact integer arithmetic (the `- 32` folded in as `-32 * sum(xq)`; the kernel
+multiplies bytes: `xq = 256 xh + xl`) and a row's result never depends on the rows beside it. `int6_linear_ref`
+is the reference: the same inputs, the represented weights, an fp64 matmul.
 """
 
 from __future__ import annotations
@@ -44,14 +44,11 @@ from infer.kernels.packed import (
 GROUP = 16  # input features per scale (Q6_K's sub-block)
 OFFSET = 32  # w = d * (q - 32)
 NIBBLE_BYTES = STRIP * GROUP // 2  # 128: a group's low 4 bits
-HIGH_BYTES = STRIP * 4  # 64: a group's top 2 bits, a 32-bit lane a channel
+HIGH_BYTES = STRIP * 4  # 64: a group's top 2 bits, 4 codes' a byte
 BLOCK_BYTES = NIBBLE_BYTES + HIGH_BYTES + STRIP  # 208: codes, then 16 int8 d_sub
 HEAD_BYTES = STRIP * 2  # 32: a super-block's 16 fp16 d_super
 SUPER_GROUPS = SUPER // GROUP  # 16
 SUPER_BYTES = HEAD_BYTES + SUPER_GROUPS * BLOCK_BYTES  # 3360
-_PAIR_LOW, _PAIR_HIGH = (0, 4, 1, 5), (2, 6, 3, 7)  # k - 8 j of the p-th shift's low and high int16
-# lane slot t (bits 2t, 2t + 1) holds the top two bits of k = K_OF_SLOT[t] of the group
-K_OF_SLOT = torch.tensor([8 * (i // 4) + pair[i % 4] for pair in (_PAIR_LOW, _PAIR_HIGH) for i in range(8)])
 
 
 @dataclass(frozen=True)
@@ -110,13 +107,9 @@ def _codes(blocks: torch.Tensor) -> torch.Tensor:  # [s, B, 3360] uint8 -> [s, 1
     nib = groups[..., :NIBBLE_BYTES].reshape(strips, num_groups, 2, STRIP, 4)  # [s, g, j, c, b]
     low = torch.stack((nib & 15, nib >> 4), dim=-2)  # [s, g, j, c, half, b]: k = 8 j + 4 half + b
     low = low.permute(0, 3, 1, 2, 4, 5).reshape(strips, STRIP, num_groups * GROUP)
-    lanes = groups[..., NIBBLE_BYTES : NIBBLE_BYTES + HIGH_BYTES].reshape(strips, num_groups, STRIP, 4)
-    word = lanes.transpose(1, 2).to(torch.int64)  # [s, c, g, 4]
-    word = word[..., 0] | word[..., 1] << 8 | word[..., 2] << 16 | word[..., 3] << 24  # [s, c, g]
-    by_slot = (word[..., None] >> (2 * torch.arange(STRIP))) & 3  # [s, c, g, slot]
-    by_k = torch.empty_like(by_slot)
-    by_k[..., K_OF_SLOT] = by_slot
-    return low | (by_k << 4).to(torch.uint8).reshape(strips, STRIP, num_groups * GROUP)
+    top = groups[..., NIBBLE_BYTES : NIBBLE_BYTES + HIGH_BYTES].reshape(strips, num_groups, STRIP, 1, 4)
+    by_k = (top >> (2 * torch.arange(4, dtype=torch.uint8)).view(4, 1)) & 3  # [s, g, c, q, b]: k = 4 q + b
+    return low | (by_k.transpose(1, 2) << 4).reshape(strips, STRIP, num_groups * GROUP)
 
 
 def _scales(blocks: torch.Tensor) -> torch.Tensor:  # [s, B, 3360] -> [s, 16, G] fp32
@@ -146,7 +139,7 @@ def pack_int6(
     strips, supers = n_pad // STRIP, k // SUPER
     head, (subs,) = scales.strip_parts(n_pad)
     q = F.pad(codes.cpu(), (0, 0, 0, n_pad - n))  # [N_pad, K]: zero codes in the padding channels
-    groups = torch.cat((_nibble_bytes(q), _lanes(q), subs), dim=2)  # [s, G, 208]
+    groups = torch.cat((_nibble_bytes(q), _top_bytes(q), subs), dim=2)  # [s, G, 208]
     packed = torch.cat((head, groups.view(strips, supers, -1)), dim=2).contiguous()
     return Int6Weight(packed, n, k)
 
@@ -157,13 +150,12 @@ def _nibble_bytes(q: torch.Tensor) -> torch.Tensor:  # [N_pad, K] uint8 codes ->
     return (q6[..., 0, :] | (q6[..., 1, :] << 4)).reshape(strips, groups, NIBBLE_BYTES)
 
 
-def _lanes(q: torch.Tensor) -> torch.Tensor:  # [N_pad, K] uint8 codes -> [N_pad / 16, G, 64] uint8
-    """The top two bits of each group's codes as the kernel reads them: a 32-bit lane per channel."""
+def _top_bytes(q: torch.Tensor) -> torch.Tensor:  # [N_pad, K] uint8 codes -> [N_pad / 16, G, 64] uint8
+    """The top two bits of each group's codes as the kernel reads them: byte `4 c + b`, bits `2 q` for k `4 q + b`."""
     strips, groups = q.shape[0] // STRIP, q.shape[1] // GROUP
-    high = (q >> 4).to(torch.int64).view(strips, STRIP, groups, GROUP)[..., K_OF_SLOT]  # [s, c, g, slot]
-    word = (high << (2 * torch.arange(STRIP))).sum(dim=-1)  # [s, c, g]
-    lanes = torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)  # little-endian
-    return lanes.permute(0, 2, 1, 3).reshape(strips, groups, HIGH_BYTES)
+    high = (q >> 4).view(strips, STRIP, groups, 4, 4)  # [s, c, g, q, b]
+    top = (high << (2 * torch.arange(4, dtype=torch.uint8)).view(4, 1)).sum(dim=3, dtype=torch.uint8)  # [s, c, g, b]
+    return top.transpose(1, 2).reshape(strips, groups, HIGH_BYTES)
 
 
 def int6_linear_ref(

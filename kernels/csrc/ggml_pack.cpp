@@ -1,8 +1,8 @@
 // ggml's quantized blocks (the tensors of a GGUF file) straight into the kernels' packed formats (int4, int5,
 // int6, int8g), in one pass.
 //
-// The same bytes as engine/gguf/quants.py's `decode` followed by kernels/int4.py's `pack_int4*` or
-// kernels/int6.py's `pack_int6` or kernels/int8g.py's `pack_int8g*` (the Python path is the test oracle and the fallback), without the
+// The same bytes as engine/gguf/quants.py's `decode` followed by kernels/int4.py's `pack_int4*`, kernels/int6.py's
+// `pack_int6` or kernels/int8g.py's `pack_int8g*` (the Python path is the test oracle and the fallback), without the
 // intermediate arrays: a thread owns whole strips of 16 output channels, decodes each channel's source row
 // (codes, per-group scales and minimums, or a K-quant's two levels) into a row buffer, and writes the strip's
 // blocks. The rows of one output may come from several tensors (fused q/k/v, gate/up) of different types, in any
@@ -236,13 +236,6 @@ constexpr std::array<int, 32> lane_bits() {
   return bit;
 }
 constexpr std::array<int, 32> kLaneBit = lane_bits();
-// int6's lane of top two bits: slot t (bits 2t, 2t + 1) holds those of k = kOfSlot[t] (csrc/int6_linear.cpp)
-constexpr std::array<int, 16> slot_ks() {
-  std::array<int, 16> k{};
-  for (int i = 0; i < 8; ++i) k[i] = 8 * (i / 4) + kPairLow[i % 4], k[8 + i] = 8 * (i / 4) + kPairHigh[i % 4];
-  return k;
-}
-constexpr std::array<int, 16> kOfSlot = slot_ks();
 
 // writes one value as the plan stores scales; false when it is not finite there
 inline bool put_scale(uint8_t* p, float v, int64_t scales) {
@@ -268,10 +261,12 @@ inline void put_codes(const Plan& P, uint8_t* block, int64_t c, const int8_t* q,
       uint32_t lane = 0;
       for (int k = 0; k < 32; ++k) lane |= static_cast<uint32_t>(((q[k] + shift) >> 4) & 1) << kLaneBit[k];
       std::memcpy(block + 256 + 4 * c, &lane, sizeof lane);
-    } else if (P.format == kInt6) {  // then channel c's 32-bit lane of top two bits
-      uint32_t lane = 0;
-      for (int t = 0; t < 16; ++t) lane |= static_cast<uint32_t>(((q[kOfSlot[t]] + shift) >> 4) & 3) << (2 * t);
-      std::memcpy(block + 128 + 4 * c, &lane, sizeof lane);
+    } else if (P.format == kInt6) {  // then the top bits: byte 128 + 4 c + b holds k = 4 q + b's at bits 2 q
+      for (int b = 0; b < 4; ++b) {
+        uint8_t top = 0;
+        for (int quad = 0; quad < 4; ++quad) top |= static_cast<uint8_t>((((q[4 * quad + b] + shift) >> 4) & 3) << (2 * quad));
+        block[128 + 4 * c + b] = top;
+      }
     }
   } else {  // byte 32 j + 2 c + b: k = 2 j + b
     for (int64_t j = 0; j < P.group / 2; ++j) {

@@ -53,20 +53,20 @@ def test_int6_reads_the_files_bytes_a_weight() -> None:
     assert q.packed.numel() / (64 * 1024) == 210 / 256  # Q6_K's 0.8203 (int8g: 1.0703)
 
 
-def test_int6_lanes_hold_the_top_bits_where_the_kernel_reads_them() -> None:
-    """Bits 2i, 2i + 1 of channel c's lane are the top bits of k = 8 j + (0, 4, 1, 5)[p] (i = 4 j + p), bits
-    16 + 2i, 17 + 2i those of 8 j + (2, 6, 3, 7)[p]; the nibbles are int4's, then the 16 int8 d_sub."""
+def test_int6_blocks_hold_nibbles_top_bits_and_scales_where_the_kernel_reads_them() -> None:
+    """A group's block: byte 4 c + b of the j-th 64 holds k 8 j + b (low nibble) and 8 j + 4 + b (high), as int4's;
+    byte 128 + 4 c + b holds at bits 2 q, 2 q + 1 the top two bits of k 4 q + b; then the 16 int8 d_sub."""
     codes = torch.zeros(16, 256, dtype=torch.uint8)
-    codes[3, 13] = 0b110000  # k 13 = 8 + 5: j 1, p 3 -> the low word's pair 7: lane bits 14, 15 = 0b11
-    codes[9, 16 + 6] = 0b100111  # group 1, k 6: j 0, p 1 -> the high word's pair 1: lane bits 18, 19 = 0b10
-    scales = SuperScales(torch.arange(16 * 16, dtype=torch.int32).remainder(100).to(torch.int8).view(16, 16),
-                         torch.ones(16, 1))  # fmt: skip
+    codes[3, 13] = 0b110000  # k 13 = 4 * 3 + 1: top bits 0b11 at bits 6, 7 of byte 4 * 3 + 1
+    codes[9, 16 + 6] = 0b100111  # group 1, k 6 = 4 * 1 + 2: top 0b10 at bits 2, 3 of byte 4 * 9 + 2; nibble 7
+    d_sub = torch.arange(16 * 16, dtype=torch.int32).remainder(100).to(torch.int8).view(16, 16)
+    scales = SuperScales(d_sub, torch.ones(16, 1))
     packed = pack_int6(codes, scales).packed[0, 0]
-    lanes = [packed[32 + 208 * g + 128 : 32 + 208 * g + 192].view(torch.int32) for g in (0, 1)]
-    assert lanes[0].tolist() == [3 << 14 if c == 3 else 0 for c in range(16)]
-    assert lanes[1].tolist() == [2 << 18 if c == 9 else 0 for c in range(16)]
+    tops = [packed[32 + 208 * g + 128 : 32 + 208 * g + 192] for g in (0, 1)]
+    assert tops[0].tolist() == [0b11 << 6 if i == 4 * 3 + 1 else 0 for i in range(64)]
+    assert tops[1].tolist() == [0b10 << 2 if i == 4 * 9 + 2 else 0 for i in range(64)]
     assert packed[32 + 208 + 4 * 9 + 2].item() == 7 << 4  # k 6 = 8 * 0 + 4 + 2: byte 4 c + 2, its high nibble
-    assert torch.equal(packed[32 + 192 : 32 + 208].view(torch.int8), scales.d_sub[:, 0])
+    assert torch.equal(packed[32 + 192 : 32 + 208].view(torch.int8), d_sub[:, 0])
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 9, 16, 37])
