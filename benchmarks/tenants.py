@@ -3,7 +3,7 @@
 One `infer serve` per setup, on the default model (int4 weights, `--max-num-seqs 16`), the tenant named by the
 gRPC metadata `x-tenant` (`--tenant-header x-tenant`, weights from `--tenants FILE`). Setups: `fcfs`,
 `priority`, `fair 1:1` (heavy and light weigh 1) and `fair 1:2` (light weighs 2). Every request: 128 random
-prompt tokens, 32 new tokens, greedy, `ignore_eos`, over gRPC `Generate`; the load generator is `infer bench`'s.
+prompt tokens, 16-48 new tokens, greedy, `ignore_eos`, over gRPC `Generate`; the load generator is `infer bench`'s.
 
 - alone (fcfs, priority, fair 1:1): before the load, the light tenant's requests one at a time on the idle server:
   its TTFT alone, against which that server's loaded figures are read.
@@ -75,13 +75,15 @@ class Config:
         return cls(light_requests=6, alone_requests=4, num_probes=2, probe_gap_s=3.0, shares_s=12.0)
 
 
-def requests(seed: str, count: int, max_tokens: int = NEW_TOKENS) -> tuple[RequestSpec, ...]:
-    """Fresh random prompts (no prefix-cache hits across phases: every phase has its own seed)."""
+def requests(seed: str, count: int, max_tokens: int | None = None) -> tuple[RequestSpec, ...]:
+    """Fresh random prompts (no prefix-cache hits across phases: every phase has its own seed); `max_tokens`, else
+    NEW_TOKENS / 2 to 3/2 x NEW_TOKENS, so that requests started together do not all end in the same step."""
     rng = random.Random(seed)
     return tuple(
-        RequestSpec(tuple(rng.randrange(FIRST_ID, VOCAB_LIMIT) for _ in range(PROMPT_TOKENS)), max_tokens)
+        RequestSpec(tuple(rng.randrange(FIRST_ID, VOCAB_LIMIT) for _ in range(PROMPT_TOKENS)),
+                    max_tokens or rng.randint(NEW_TOKENS // 2, NEW_TOKENS * 3 // 2))
         for _ in range(count)
-    )
+    )  # fmt: skip
 
 
 class Stoppable:
@@ -261,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def workload_text(cfg: Config) -> str:
     return (f"The default model, int4 weights, `--max-num-seqs {MAX_SEQS}`; every request {PROMPT_TOKENS} random "
-            f"prompt tokens and {NEW_TOKENS} new tokens (greedy, `ignore_eos`) over gRPC; the tenant in the "
+            f"prompt tokens and {NEW_TOKENS // 2}-{NEW_TOKENS * 3 // 2} new tokens (greedy, `ignore_eos`) over gRPC; "
+            "the tenant in the "
             f"`{TENANT_HEADER}` metadata. The phases: benchmarks/tenants.py's docstring.")  # fmt: skip
 
 
