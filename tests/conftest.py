@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from infer.engine import default_model
+from infer.engine.gguf import merge_cache
 from tests.helpers.device import cuda_missing
 
 
@@ -22,3 +24,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def default_model_dir() -> Path:
     """The default model's HF directory in the real user cache: converted on the first run, reused after."""
     return default_model.default_model_dir()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def merges_cached_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tokenizer merges the tests rebuild (random vocabularies) go to a folder of this run, not the user's
+    cache (servers started as subprocesses still use theirs)."""
+    folder = tmp_path_factory.mktemp("tokenizers")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(merge_cache, "cache_dir", lambda: folder)
+        yield
