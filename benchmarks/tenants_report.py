@@ -15,7 +15,7 @@ from infer.clients.bench.targets import RequestResult
 
 HEAVY, LIGHT, PROBE = "heavy", "light", "probe"
 BIN_S = 2.0  # the plot's time step
-GOAL_TTFT = 1.5  # fair: light TTFT P99 <= 1.5x alone
+GOAL_TTFT = 1.5  # fair: light TTFT P99 <= 1.5x its TTFT alone (P50: alone it is the prefill, but for noise)
 GOAL_SHARE = 0.10  # fair: each share within 10% (relative) of its weight share
 GOAL_TOTAL = 0.95  # total output tok/s >= 0.95x fcfs
 GOAL_PROBE_STEPS = 2  # priority: TTFT <= prefill + 2 steps
@@ -163,12 +163,12 @@ def goals(table: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     fair = table["contention"].get("fair 1:1")
     if fair:
-        ratio = fair["light"]["p99_s"] / fair["alone"]["p99_s"]
+        ratio = fair["light"]["p99_s"] / fair["alone"]["p50_s"]
         rows.append(
             _goal(
-                "fair: light tenant's TTFT P99 / alone",
+                "fair: light tenant's TTFT P99 / its TTFT alone (P50, same server)",
                 f"≤ {GOAL_TTFT}x",
-                f"{ratio:.2f}x ({_ms(fair['light']['p99_s'])} vs {_ms(fair['alone']['p99_s'])} alone)",
+                f"{ratio:.2f}x ({_ms(fair['light']['p99_s'])} vs {_ms(fair['alone']['p50_s'])} alone)",
                 ratio <= GOAL_TTFT,
             )
         )
@@ -228,14 +228,14 @@ def markdown(result: dict[str, Any]) -> list[str]:
               for g in result["goals"]]  # fmt: skip
     lines += ["", f"## The light tenant under a heavy one ({cfg['heavy_streams']} heavy streams, light at "
               f"{cfg['light_rate']:g} req/s)", "", "Alone: the same server, idle, just before its load.", "",
-              "| policy | alone TTFT P50 / P99 | light TTFT P50 | light TTFT P99 | P99 / alone P99 | "
+              "| policy | alone TTFT P50 / P99 | light TTFT P50 | light TTFT P99 | P99 / alone P50 | "
               "priority -10 TTFT P50 | heavy : light requests | total output tok/s | / fcfs |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, row in table["contention"].items():
         alone = row["alone"]
         lines.append(
             f"| {name} | {_ms(alone['p50_s'])} / {_ms(alone['p99_s'])} | {_ms(row['light']['p50_s'])} | "
-            f"{_ms(row['light']['p99_s'])} | {row['light']['p99_s'] / alone['p99_s']:.2f}x | "
+            f"{_ms(row['light']['p99_s'])} | {row['light']['p99_s'] / alone['p50_s']:.2f}x | "
             f"{_ms(row['probe']['p50_s'])} | {row['heavy_per_light']:.1f} | {row['total_tok_s']:.1f} | "
             f"{row['vs_fcfs']:.3f}x |"
         )
