@@ -19,7 +19,7 @@ prompt tokens, 16-48 new tokens, greedy, `ignore_eos`, over gRPC `Generate`; the
   to the stop), against its weight share; total output tok/s against fcfs.
 A round runs the setups in order, the next round in reverse order. Writes docs/benchmarks/tenants.json, .md, .png.
 
-    python benchmarks/tenants.py [--rounds N] [--quick] [--out-dir DIR]
+    python benchmarks/tenants.py [--rounds N] [--quick] [--light-rate R] [--out-dir DIR]
 """
 
 from __future__ import annotations
