@@ -10,10 +10,13 @@ other back and forth), and a request is outranked by no request that arrives mor
 Serving Large Language Models", OSDI 2024), then by standing within a tenant. Each tenant's counter is the
 service it received, divided by its weight: a prompt's tokens when the request is first admitted, each output
 token when it is sampled (recomputing after a preemption is not service). The active tenant (one with a
-request in the engine) with the lowest counter goes first. A tenant that becomes active is lifted to the lowest
-counter of the active tenants (to the highest known when none is): it is owed no service for the time it was
-away. A running request yields to a waiting one of another tenant only when its tenant's counter is ahead by
-more than `max_model_len` (a request's worth), so fairness preemptions cannot flip-flop step after step.
+request in the engine) with the lowest counter goes first. A tenant that becomes active is lifted to no lower
+than the lowest counter of the active tenants less `max_model_len` weighted tokens (to the highest known when none
+is active): it is owed at most one longest request's service for the time it was away (the bound of VTC's
+analysis), never all it missed. A running request yields to a waiting one of another tenant when its tenant's
+counter is ahead by at least all the service the waiting request can receive (its prompt and max_tokens,
+weighted: its worth): so a light tenant behind a heavy one gets a seat at once, and the two cannot preempt each
+other back and forth (the admitted request, served in full, leaves its tenant no further ahead).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class Policy:
     def __init__(self, config: EngineConfig) -> None:
         self.is_fair = config.scheduling_policy == "fair"
         self.aging_s = config.priority_aging_s
-        self.margin = float(config.max_model_len)  # weighted tokens a tenant must be ahead by to yield
+        self.max_model_len = config.max_model_len
         self.weights = dict(config.tenant_weights)
         self.counters: dict[str, float] = {}  # tenant -> weighted tokens served (active tenants, and some past)
         self.num_active: dict[str, int] = {}  # tenant -> its requests in the engine
@@ -84,19 +87,30 @@ class Policy:
     def may_preempt(self, waiting: Request, running: Request) -> bool:
         """Whether `running` yields its place to `waiting`."""
         if self.is_fair and waiting.tenant != running.tenant:
-            return self.counters[running.tenant] - self.counters[waiting.tenant] > self.margin
+            return self.counters[running.tenant] - self.counters[waiting.tenant] >= self.worth(waiting)
         return self.standing(waiting) < self.standing(running)
 
     # tenants' service (fair)
+    def credit(self, tenant: str) -> float:
+        """The most service a tenant can be owed when it becomes active: `max_model_len` tokens, weighted."""
+        return self.max_model_len / self.weights.get(tenant, 1.0)
+
+    def worth(self, request: Request) -> float:
+        """The most service `request` can receive in its life, weighted: its prompt and every token it may
+        generate."""
+        max_tokens = request.params.max_tokens or self.max_model_len - request.num_prompt_tokens
+        return (request.num_prompt_tokens + max_tokens) / self.weights.get(request.tenant, 1.0)
+
     def enter(self, request: Request) -> None:
-        """A request joins the engine: a tenant that was not active is lifted to the active minimum."""
+        """A request joins the engine: a tenant that was not active is lifted to the active minimum less its
+        credit (if it was lower)."""
         if not self.is_fair:
             return
         tenant = request.tenant
         if self.num_active.get(tenant, 0) == 0:
             active = [self.counters[t] for t in self.num_active]
-            floor = min(active) if active else self.idle_level
-            self.counters[tenant] = max(self.counters.get(tenant, 0.0), floor)
+            floor = min(active) - self.credit(tenant) if active else self.idle_level
+            self.counters[tenant] = max(self.counters.get(tenant, floor), floor)
         self.num_active[tenant] = self.num_active.get(tenant, 0) + 1
 
     def leave(self, request: Request) -> None:
@@ -122,4 +136,4 @@ class Policy:
             self.counters = {}
             return
         floor = min(self.counters[t] for t in self.num_active)
-        self.counters = {t: c for t, c in self.counters.items() if t in self.num_active or c > floor}
+        self.counters = {t: c for t, c in self.counters.items() if t in self.num_active or c > floor - self.credit(t)}

@@ -39,8 +39,9 @@ def test_fair_serves_the_tenant_with_the_least_weighted_service() -> None:
     a1, a2, b1 = req("a1", "a"), req("a2", "a", arrival_s=1.0), req("b1", "b", arrival_s=2.0)
     for r in (a1, a2, b1):
         p.enter(r)
+    assert p.counters == {"a": 0.0, "b": -64.0}  # b became active owed at most max_model_len (64) tokens
     p.charge(a1, 10)  # a: 10 tokens at weight 2 -> 5
-    p.charge(b1, 6)  # b: 6 at weight 1 -> 6
+    p.charge(b1, 70)  # b: 70 at weight 1 -> 6
     assert p.counters == {"a": 5.0, "b": 6.0}
     order = p.admission_order([b1, a2])
     assert next(order) is a2
@@ -49,32 +50,45 @@ def test_fair_serves_the_tenant_with_the_least_weighted_service() -> None:
     assert p.victim([a1, b1]) is a1  # the tenant most ahead (a: 7 > 6) yields
 
 
-def test_a_newcomer_starts_at_the_active_minimum_and_an_idle_engine_forgets() -> None:
-    p = policy()
+def test_a_newcomer_is_owed_at_most_max_model_len_and_an_idle_engine_forgets() -> None:
+    p = policy(tenant_weights=(("b", 2.0),))  # max_model_len 64: the credit, weighted
     a = req("a", "a")
     p.enter(a)
     p.charge(a, 500)
     b = req("b", "b")
     p.enter(b)
-    assert p.counters["b"] == 500.0  # not owed 500 tokens of back-service
+    assert p.counters["b"] == 500.0 - 64 / 2  # owed 32 weighted tokens of back-service, not 500
+    p.charge(b, 100)  # b: 518 (100 at weight 2), a: 500
     p.leave(a)
-    assert "a" not in p.counters  # at the active minimum: it would be lifted anyway
+    assert p.counters["a"] == 500.0  # within the credit below the active minimum: kept, not lifted to it
+    p.charge(b, 100)  # b: 568
+    d = req("d", "d")
+    p.enter(d)  # at b's 568 less 64
+    p.leave(d)
+    assert "d" not in p.counters and "a" not in p.counters  # a credit or more below the minimum: forgotten
+    a2 = req("a2", "a")
+    p.enter(a2)
+    assert p.counters["a"] == 568.0 - 64  # back from its absence owed one credit, not all it missed
+    p.leave(a2)
     p.leave(b)
-    assert p.counters == {} and p.idle_level == 500.0
+    assert p.counters == {} and p.idle_level == 568.0
     c = req("c", "c")
     p.enter(c)
-    assert p.counters == {"c": 500.0}
+    assert p.counters == {"c": 568.0}  # alone: no one to be owed anything by
 
 
-def test_cross_tenant_preemption_needs_a_lead_of_more_than_a_request() -> None:
-    p = policy()  # max_model_len 64: the margin
-    running, waiting, same = req("r", "a", arrival_s=0.0), req("w", "b", arrival_s=5.0), req("s", "a", priority=-1)
+def test_cross_tenant_preemption_needs_a_lead_of_the_waiting_requests_worth() -> None:
+    p = policy()  # max_model_len 64: a newcomer's credit
+    running, same = req("r", "a", arrival_s=0.0), req("s", "a", priority=-1)
+    waiting = Request("w", [1, 2, 3], SamplingParams(max_tokens=5), 5.0)  # worth 3 + 5 = 8 tokens
+    waiting.tenant = "b"
     for r in (running, waiting, same):
         p.enter(r)
-    p.charge(running, 64)
-    assert not p.may_preempt(waiting, running)  # a is ahead by 64: not more than a request's worth
+    p.counters["b"] = p.counters["a"]  # even (past the credit)
+    p.charge(running, 7)
+    assert not p.may_preempt(waiting, running)  # a is ahead by 7: less than all w can be served
     p.charge(running, 1)
-    assert p.may_preempt(waiting, running)
+    assert p.may_preempt(waiting, running)  # ahead by 8: w served in full leaves b no further ahead than a
     assert p.may_preempt(same, running)  # within a tenant, by standing
 
 

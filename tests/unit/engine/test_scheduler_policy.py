@@ -90,21 +90,22 @@ def test_a_request_waiting_longer_than_the_aging_bound_is_outranked_by_no_newcom
 
 
 def test_fair_preempts_the_tenant_most_ahead_for_one_behind() -> None:
-    s = make(max_num_seqs=2, scheduling_policy="fair")  # the margin: max_model_len 64 tokens
+    s = make(max_num_seqs=2, scheduling_policy="fair")  # max_model_len 64 tokens: a newcomer's credit
     for rid in ("a1", "a2"):
         add(s, rid, 40, tenant="a")
     step(s)
     step(s)  # a: 80 prompt tokens charged, 2 output
-    add(s, "b1", 4, now=1.0, tenant="b")  # b starts at a's counter (the active minimum): no lead, no preemption
-    assert not step(s, 1.0).preempted
-    s.finish("b1")
-    for _ in range(70):  # a pulls ahead by 2 x 70 output tokens while b has nothing
-        step(s, 1.0)
-    add(s, "b2", 4, now=2.0, tenant="b")  # b is lifted to a's counter again: still no lead
-    assert not step(s, 2.0).preempted
     policy = s.policy
     assert policy is not None
-    policy.counters["a"] += 100  # as if a had been served 100 more tokens while b waited
+    add(s, "b1", 4, now=1.0, tenant="b")  # b starts a credit (64) below a: ahead of its worth (4 + 8): a seat now
+    out = step(s, 1.0)
+    assert out.preempted == ("a2",) and "b1" in out.num_scheduled_tokens
+    s.finish("b1")
+    step(s, 1.0)  # a2 back
+    add(s, "b2", 4, now=2.0, tenant="b")  # b is within a credit of a and active no more: lifted to a less 64
+    policy.counters["b"] = policy.counters["a"] - 11  # as if b had been served up to 11 tokens short of a
+    assert not step(s, 2.0).preempted  # b2 may be served 12: it would end ahead of a
+    policy.counters["b"] -= 1  # 12 short: b2 served in full leaves b no further ahead than a
     out = step(s, 2.0)
     assert out.preempted == ("a2",) and "b2" in out.num_scheduled_tokens
 
@@ -171,11 +172,14 @@ def test_the_output_share_of_two_backlogged_tenants_converges_to_their_weights()
 
 
 def test_a_tenant_that_arrives_late_is_not_owed_the_service_it_missed() -> None:
-    core, runner = fake_core(scheduling_policy="fair", max_num_seqs=4)
+    core, runner = fake_core(scheduling_policy="fair", max_num_seqs=4)  # max_model_len 256: the credit
     load = Load(core, runner, ("early", "late"))
     load.run(200, ("early",))  # early alone: about 800 tokens of service
-    tokens = load.run(80)
-    assert _share(tokens, "early") == pytest.approx(0.5, abs=0.15), tokens  # shared from the start, not owed
+    head_start = load.run(80)
+    # late is owed at most the credit (256 tokens of prompt and output, 24 a request): not early's 800
+    assert head_start["late"] - head_start["early"] <= 256 * 16 / 24, head_start
+    tokens = load.run(200)
+    assert _share(tokens, "early") == pytest.approx(0.5, abs=0.1), tokens  # then shared
     load.drain()
 
 
