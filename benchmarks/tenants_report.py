@@ -186,14 +186,16 @@ def goals(table: dict[str, Any]) -> list[dict[str, Any]]:
                                   row["vs_fcfs"] >= GOAL_TOTAL))  # fmt: skip
     probes = table["probes"]
     if probes["count"]:
-        bound = statistics.median(b["bound_s"] for b in probes["rounds"])
+        # NOTE: a step at saturation is the mean of the heavy requests' inter-token gaps: most steps there carry
+        # a prefill beside the decodes (the median gap is a decode-only step; its bound is in the table below)
+        bound = statistics.median(b["bound_mean_s"] for b in probes["rounds"])
         rows.append(
             _goal(
                 "priority: TTFT of a priority -10 request at saturation",
-                f"≤ prefill + 2 steps ({_ms(bound)})",
+                f"≤ prefill + 2 mean steps ({_ms(bound)})",
                 f"P50 {_ms(probes['ttft']['p50_s'])}, max {_ms(probes['max_s'])}; "
-                f"{probes['within']} of {probes['count']} within",
-                probes["within"] == probes["count"],
+                f"{probes['within_mean']} of {probes['count']} within",
+                probes["within_mean"] == probes["count"],
             )
         )
     return rows
