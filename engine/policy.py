@@ -21,6 +21,7 @@ other back and forth (the admitted request, served in full, leaves its tenant no
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
@@ -40,7 +41,7 @@ class Policy:
     def __init__(self, config: EngineConfig) -> None:
         self.is_fair = config.scheduling_policy == "fair"
         self.aging_s = config.priority_aging_s
-        self.max_model_len = config.max_model_len
+        self.max_model_len, self.max_num_seqs = config.max_model_len, config.max_num_seqs
         self.weights = dict(config.tenant_weights)
         self.counters: dict[str, float] = {}  # tenant -> weighted tokens served (active tenants, and some past)
         self.num_active: dict[str, int] = {}  # tenant -> its requests in the engine
@@ -81,19 +82,29 @@ class Policy:
 
     def victim_for(self, waiting: Request, running: Sequence[R]) -> R | None:
         """The least deserving running request that yields to `waiting`, if any does."""
-        yielding = [r for r in running if self.may_preempt(waiting, r)]
+        seats = Counter(r.tenant for r in running) if self.is_fair else Counter[str]()
+        yielding = [r for r in running if self.may_preempt(waiting, r, seats)]
         return self.victim(yielding) if yielding else None
 
-    def may_preempt(self, waiting: Request, running: Request) -> bool:
-        """Whether `running` yields its place to `waiting`."""
+    def may_preempt(self, waiting: Request, running: Request, seats: Counter[str] | None = None) -> bool:
+        """Whether `running` yields its place to `waiting`; `seats`: the running requests of each tenant (fair)."""
         if self.is_fair and waiting.tenant != running.tenant:
-            return self.counters[running.tenant] - self.counters[waiting.tenant] >= self.worth(waiting)
+            seats = seats or Counter()
+            below = seats[waiting.tenant] < self.seat_share(waiting.tenant)  # (its running sequences)
+            above = seats[running.tenant] > self.seat_share(running.tenant)
+            behind = self.counters[running.tenant] - self.counters[waiting.tenant] >= self.worth(waiting)
+            return below and above and behind
         return self.standing(waiting) < self.standing(running)
 
     # tenants' service (fair)
     def credit(self, tenant: str) -> float:
         """The most service a tenant can be owed when it becomes active: `max_model_len` tokens, weighted."""
         return self.max_model_len / self.weights.get(tenant, 1.0)
+
+    def seat_share(self, tenant: str) -> float:
+        """The tenant's share of the engine's sequences by weight, among the active tenants."""
+        total = sum(self.weights.get(t, 1.0) for t in self.num_active)
+        return self.max_num_seqs * self.weights.get(tenant, 1.0) / total
 
     def worth(self, request: Request) -> float:
         """The most service `request` can receive in its life, weighted: its prompt and every token it may

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -77,18 +78,21 @@ def test_a_newcomer_is_owed_at_most_max_model_len_and_an_idle_engine_forgets() -
     assert p.counters == {"c": 568.0}  # alone: no one to be owed anything by
 
 
-def test_cross_tenant_preemption_needs_a_lead_of_the_waiting_requests_worth() -> None:
-    p = policy()  # max_model_len 64: a newcomer's credit
+def test_cross_tenant_preemption_needs_a_lead_of_the_waiting_requests_worth_and_seats_below_a_share() -> None:
+    p = policy(max_num_seqs=4)  # max_model_len 64: a newcomer's credit; two tenants: 2 sequences each by weight
     running, same = req("r", "a", arrival_s=0.0), req("s", "a", priority=-1)
     waiting = Request("w", [1, 2, 3], SamplingParams(max_tokens=5), 5.0)  # worth 3 + 5 = 8 tokens
     waiting.tenant = "b"
     for r in (running, waiting, same):
         p.enter(r)
     p.counters["b"] = p.counters["a"]  # even (past the credit)
+    seats = Counter({"a": 4})  # a holds every sequence
     p.charge(running, 7)
-    assert not p.may_preempt(waiting, running)  # a is ahead by 7: less than all w can be served
+    assert not p.may_preempt(waiting, running, seats)  # a is ahead by 7: less than all w can be served
     p.charge(running, 1)
-    assert p.may_preempt(waiting, running)  # ahead by 8: w served in full leaves b no further ahead than a
+    assert p.may_preempt(waiting, running, seats)  # ahead by 8: w served in full leaves b no further ahead than a
+    assert not p.may_preempt(waiting, running, Counter({"a": 2, "b": 2}))  # b holds its share: no churn
+    assert not p.may_preempt(waiting, running, Counter({"a": 2, "b": 1}))  # a is not above its share
     assert p.may_preempt(same, running)  # within a tenant, by standing
 
 
