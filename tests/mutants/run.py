@@ -94,6 +94,14 @@ MUTANTS = (
         "        out.append(TokenLogprob(token_ids[i], float(lp), top))",
         ("tests/unit/engine/test_core_invariance.py::test_tokens_equal_alone[fp32-batched]",),
     ),
+    Mutant(
+        "int6-top-bit-shift",
+        "int6 linear (AVX-512): the top bits of codes 4..7 of each group of eight shifted one bit off",
+        "kernels/csrc/int6_linear.cpp",
+        "_mm512_and_si512(_mm512_slli_epi32(t, 2), top)",
+        "_mm512_and_si512(_mm512_slli_epi32(t, 3), top)",
+        ("tests/unit/kernels/test_int6_cpu.py",),
+    ),
 )
 
 
