@@ -12,7 +12,7 @@ prompt tokens, 16-48 new tokens, greedy, `ignore_eos`, over gRPC `Generate`; the
   Poisson rate (0.5 req/s: about a tenth of the heavy tenant's requests), and a few priority -10 requests (the
   probes, tenant light) arrive at fixed times. The heavy load stops when the light tenant's requests are done.
   Figures: the light tenant's TTFT P50/P99, the probes' TTFT (under priority against their prefill time, the
-  solo TTFT of the same shape on the same server, plus two steps, the heavy requests' median inter-token gap),
+  solo TTFT of the same shape on the same server, plus two steps, the heavy requests' mean inter-token gap),
   total output tok/s while the light tenant's load ran, against fcfs in the same round.
 - shares (fcfs, fair 1:1, fair 1:2): both tenants backlogged (32 heavy streams, 16 light), each tenant's share
   of the output tokens produced in the window (from 4 s in, or from when both tenants have had a first token,
