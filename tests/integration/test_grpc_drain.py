@@ -139,9 +139,18 @@ def _drain_while_calling(num_callers: int) -> tuple[int, int, list[str]]:
     num_ok = 0
     stop = threading.Event()
     with running_fake_server() as other:
-        draining = ServerThread(other.server.config, AsyncEngine(fake_core()[0]))
+        core, runner = fake_core()
+        draining = ServerThread(other.server.config, AsyncEngine(core))
         refused = _count_refusals(draining)
-        with InferClient(f"ipv4:{draining.address},{other.address}", timeout_s=10) as client:
+        runner.step_s = 0.02  # a 30-token stream: ~0.6 s
+        with (
+            InferClient(draining.address, timeout_s=10) as alone,
+            InferClient(f"ipv4:{draining.address},{other.address}", timeout_s=10) as client,
+        ):
+            # NOTE: a stream in flight keeps the replica draining (refusing) for a while: on a quiet machine a
+            # drain with nothing in flight ends before any call meets it
+            stream = alone.generate("Hello", Sampling(max_tokens=30, temperature=0, ignore_eos=True))
+            next(stream)
 
             def calls() -> None:
                 nonlocal num_ok
@@ -156,11 +165,12 @@ def _drain_while_calling(num_callers: int) -> tuple[int, int, list[str]]:
             for caller in callers:
                 caller.start()
             stop.wait(0.2)
-            draining.stop()
+            draining.stop()  # waits for the stream
             stop.wait(0.3)
             stop.set()
             for caller in callers:
                 caller.join(30)
+            assert sum(len(c.token_ids) for c in stream) == 29  # the stream finished through the drain
     return num_ok, len(refused), failures
 
 
