@@ -95,12 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=None, help="cap each request's new tokens (smoke runs)")
     ap.add_argument("--device", default="cuda", help="cuda (or cpu, only to check the script)")
     ap.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    ap.add_argument("--model", type=Path, default=None, help="a model directory (default: the default model)")
     args = ap.parse_args(argv)
     on_cuda = torch.device(args.device).type == "cuda"
     if on_cuda and not torch.cuda.is_available():
         print("needs a CUDA device (or --device cpu, to check the script)", file=sys.stderr)
         return 2
-    model_dir = default_model_dir()
+    model_dir = args.model or default_model_dir()
     work = make_workload(args.num_requests, load_model_config(model_dir).vocab_size, seed=0)
     if args.max_new_tokens is not None:
         work = Workload(work.prompts, [min(n, args.max_new_tokens) for n in work.max_new])

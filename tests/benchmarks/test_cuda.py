@@ -7,11 +7,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.tiny_models import make_servable_model
+
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "cuda.py"
 
 
-def test_a_tiny_cpu_run_writes_both_reports(default_model_dir: Path, tmp_path: Path) -> None:
-    args = ["--device", "cpu", "--dtype", "float32", "--num-requests", "2", "--max-new-tokens", "3"]
+def test_a_tiny_cpu_run_writes_both_reports(tmp_path: Path) -> None:
+    model = make_servable_model(tmp_path / "model", num_hidden_layers=2)  # the script's logic, not a model's speed
+    args = [
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--num-requests",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "--model",
+        str(model),
+    ]
     args += ["--hf-sequential", "1", "--hf-batched", "2", "--batch1-tokens", "3", "--out-dir", str(tmp_path)]
     subprocess.run([sys.executable, str(SCRIPT), *args], check=True, timeout=300)
     figures = json.loads((tmp_path / "cuda.json").read_text())["dtypes"]["float32"]
