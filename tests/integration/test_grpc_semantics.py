@@ -6,6 +6,7 @@ Every test ends with the engine idle and no KV block leaked.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -230,8 +231,13 @@ def test_deadline_shorter_than_the_predicted_ttft_is_refused_at_admission(
     deadline_s = 10.0  # NOTE: long enough for a loaded machine to answer at all (0.5 s flaked)
     core = server.engine.core
     assert core.stats().tokens_per_s > 0  # measured by the warm-up
-    # the prefill rate of a slow machine: the 900 queued tokens then take a minute, far past the deadline
+    # the prefill rate of a slow machine: the 900 queued tokens then take a minute, far past the deadline. Admission
+    # reads the snapshot the engine published after its last step, so the idle engine's snapshot gets the rate
+    # too (no step publishes another while the forward pass below is held; the test passed only when a step of an
+    # earlier test happened to end after the counter was set)
+    server.wait_idle()
     monkeypatch.setattr(core.counters.prefill_throughput, "tokens_per_s", 15.0)
+    core.inbox.publish(dataclasses.replace(core.inbox.stats(), prefill_tokens_per_s=15.0))
     long_prompt = pb.TokenIds(ids=[100 + i % 1000 for i in range(450)])
     with paused_in_forward(core):
         with paused(core):  # both in the inbox, then both scheduled into the held forward pass
