@@ -86,10 +86,9 @@ class Policy:
         yielding = [r for r in running if self.may_preempt(waiting, r, seats)]
         return self.victim(yielding) if yielding else None
 
-    def may_preempt(self, waiting: Request, running: Request, seats: Counter[str] | None = None) -> bool:
+    def may_preempt(self, waiting: Request, running: Request, seats: Counter[str]) -> bool:
         """Whether `running` yields its place to `waiting`; `seats`: the running requests of each tenant (fair)."""
         if self.is_fair and waiting.tenant != running.tenant:
-            seats = seats or Counter()
             below = seats[waiting.tenant] < self.seat_share(waiting.tenant)  # (its running sequences)
             above = seats[running.tenant] > self.seat_share(running.tenant)
             behind = self.counters[running.tenant] - self.counters[waiting.tenant] >= self.worth(waiting)

@@ -32,7 +32,7 @@ def test_standing_is_arrival_plus_priority_levels_of_aging() -> None:
     # the aging bound: nothing arriving more than (2 - MIN_PRIORITY) * 10 s after `a` outranks it
     newcomer = req("c", priority=MIN_PRIORITY, arrival_s=(2 - MIN_PRIORITY) * 10.0 + 0.001)
     assert p.standing(newcomer) > p.standing(early_low)
-    assert not p.may_preempt(newcomer, early_low) and p.may_preempt(late_high, early_low)
+    assert not p.may_preempt(newcomer, early_low, Counter()) and p.may_preempt(late_high, early_low, Counter())
 
 
 def test_fair_serves_the_tenant_with_the_least_weighted_service() -> None:
@@ -93,7 +93,7 @@ def test_cross_tenant_preemption_needs_a_lead_of_the_waiting_requests_worth_and_
     assert p.may_preempt(waiting, running, seats)  # ahead by 8: w served in full leaves b no further ahead than a
     assert not p.may_preempt(waiting, running, Counter({"a": 2, "b": 2}))  # b holds its share: no churn
     assert not p.may_preempt(waiting, running, Counter({"a": 2, "b": 1}))  # a is not above its share
-    assert p.may_preempt(same, running)  # within a tenant, by standing
+    assert p.may_preempt(same, running, seats)  # within a tenant, by standing
 
 
 def test_priority_is_bounded_and_the_scheduling_settings_checked() -> None:
