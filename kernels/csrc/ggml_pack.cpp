@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "huge_pages.h"
+
 namespace infer_cpu {
 namespace {
 
@@ -347,7 +349,7 @@ at::Tensor ggml_pack(const std::vector<at::Tensor>& parts, const std::vector<int
   const int64_t* rows = order.const_data_ptr<int64_t>();
   for (int64_t r = 0; r < n; ++r) TORCH_CHECK(rows[r] >= 0 && rows[r] < total_rows, "ggml_pack: order out of range");
   const int64_t strips = (n + kStrip - 1) / kStrip, units = cols / P.unit();
-  auto packed = at::zeros({strips, units, P.unit_bytes()}, at::kByte);
+  auto packed = huge_page_zeros({strips, units, P.unit_bytes()});  // streamed every step: on huge pages
   uint8_t* out = packed.mutable_data_ptr<uint8_t>();
   std::atomic<bool> ok{true};
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {

@@ -5,6 +5,8 @@ order and counts that leave a strip partly filled."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -140,3 +142,44 @@ def test_blocks_that_do_not_fit_the_plan_are_refused() -> None:
     q5 = random_blocks(T.Q5_0, 16, COLS)
     with pytest.raises(ValueError, match="wider than 4 bits"):
         pack_ggml_blocks([BlockRows(q5, int(T.Q5_0))], np.arange(16), COLS, BlockPlan("int4", 32, "fp32", True))
+
+
+HUGE_PAGE = 2 << 20
+
+
+def _mapping(address: int) -> tuple[int, list[str]]:
+    """(start, VmFlags) of this process's mapping that holds `address` (/proc/self/smaps)."""
+    start, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            low, high = (int(a, 16) for a in head.split("-"))
+            start, inside = low, low <= address < high
+        elif inside and head == "VmFlags:":
+            return start, line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.parametrize("rows", [130, 4100, 62000], ids=["70KiB", "2.1MiB", "33MiB"])
+def test_packed_weights_are_on_huge_pages(rows: int) -> None:
+    """A decode step streams every weight: one of 64 KiB or more lies in a 2 MiB-aligned map advised
+    MADV_HUGEPAGE (VmFlags `hg`), a map of its own from 32 MiB, so that transparent huge pages in `madvise` mode
+    back it; the same bytes."""
+    if rows < 10_000:
+        compiled, oracle = _both_ways((T.Q8_0,), (rows,))  # int8g: 544 bytes a row
+        _assert_same(compiled, oracle)
+    else:
+        blocks = random_blocks(T.Q8_0, rows, COLS)
+        compiled = pack_ggml_blocks(
+            [BlockRows(blocks, int(T.Q8_0))], np.arange(rows), COLS, block_plan((T.Q8_0,), COLS)
+        )
+        assert compiled is not None
+        last = torch.from_numpy(decode(blocks[-1:], T.Q8_0, 1, COLS).dequantize())
+        assert torch.equal(compiled.rows(torch.tensor([rows - 1])), last)
+    packed = vars(compiled)["packed"]
+    start, flags = _mapping(packed.data_ptr())
+    assert start % HUGE_PAGE == 0
+    if rows > 10_000:
+        assert packed.data_ptr() == start
+    if "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text():
+        assert "hg" in flags
