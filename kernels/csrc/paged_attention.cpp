@@ -7,7 +7,9 @@
 // the chunk's tokens times the query heads sharing that KV head (GQA folded),
 // so each K/V row is loaded once per item. Online softmax in fp32; fp32 or
 // bf16 caches. Items run on at::parallel_for threads, longest first, pulled
-// from a shared counter.
+// from a shared counter. With fewer items than threads (one decode token on
+// one KV head: Gemma 3) an item's query heads are split between items, each
+// row computed exactly as it would be whole.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -37,6 +39,7 @@ struct Layout {
 
 struct WorkItem {
   int64_t seq, kv_head, q_begin, q_end;  // query tokens [q_begin, q_end) of the sequence's new tokens
+  int64_t g_begin, g_end;                // the query heads [g_begin, g_end) of the KV head's group
   int64_t cost;
 };
 
@@ -99,12 +102,12 @@ template <typename T>
 void run_item(const Layout& L, const WorkItem& w, const T* query, const T* k_cache, const T* v_cache,
               const int32_t* block_table, int64_t first_token, int64_t first_pos, T* out, Scratch& S) {
   const int64_t D = L.head_dim, G = L.num_heads / L.num_kv_heads, BS = L.block_size;
-  const int64_t num_q = w.q_end - w.q_begin, rows = num_q * G;
+  const int64_t num_q = w.q_end - w.q_begin, heads = w.g_end - w.g_begin, rows = num_q * heads;
   S.resize(rows, D, BS);
-  // rows: r = token * G + g, query head kv_head * G + g; q pre-scaled, in fp32
+  // rows: r = token * heads + g, query head kv_head * G + g_begin + g; q pre-scaled, in fp32
   for (int64_t r = 0; r < rows; ++r) {
-    const T* src = query + (first_token + w.q_begin + r / G) * L.q_token_stride +
-                   (w.kv_head * G + r % G) * L.q_head_stride;
+    const T* src = query + (first_token + w.q_begin + r / heads) * L.q_token_stride +
+                   (w.kv_head * G + w.g_begin + r % heads) * L.q_head_stride;
     to_float(src, S.q.data() + r * D, D);
     scale_in_place(L.scale, S.q.data() + r * D, D);
   }
@@ -119,7 +122,7 @@ void run_item(const Layout& L, const WorkItem& w, const T* query, const T* k_cac
     const float* k = rows_as_float(k_cache + first, row_stride, t_end - t_begin, D, S.k_tile.data(), &k_stride);
     const float* v = rows_as_float(v_cache + first, row_stride, t_end - t_begin, D, S.v_tile.data(), &v_stride);
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t pos = pos_begin + r / G;  // visible keys: (pos - window, pos]
+      const int64_t pos = pos_begin + r / heads;  // visible keys: (pos - window, pos]
       const int64_t row_lo = L.window > 0 ? std::max(t_begin, pos - L.window + 1) : t_begin;
       const int64_t row_hi = std::min(t_end, pos + 1);
       if (row_lo >= row_hi) continue;
@@ -142,20 +145,30 @@ void run_item(const Layout& L, const WorkItem& w, const T* query, const T* k_cac
   for (int64_t r = 0; r < rows; ++r) {
     float* acc = S.acc.data() + r * D;
     scale_in_place(1.f / S.l[r], acc, D);
-    T* dst = out + (first_token + w.q_begin + r / G) * L.out_token_stride + (w.kv_head * G + r % G) * D;
+    T* dst = out + (first_token + w.q_begin + r / heads) * L.out_token_stride +
+             (w.kv_head * G + w.g_begin + r % heads) * D;
     from_float(acc, dst, D);
   }
 }
 
-std::vector<WorkItem> plan_items(const int32_t* qsl, const int32_t* seq_lens, int64_t num_seqs,
-                                 int64_t num_kv_heads, int64_t window) {
+std::vector<WorkItem> plan_items(const int32_t* qsl, const int32_t* seq_lens, int64_t num_seqs, const Layout& L,
+                                 int64_t num_threads) {
+  const int64_t G = L.num_heads / L.num_kv_heads, window = L.window;
+  int64_t whole = 0;  // items of whole groups
+  for (int64_t s = 0; s < num_seqs; ++s) whole += (qsl[s + 1] - qsl[s] + kQueryChunk - 1) / kQueryChunk * L.num_kv_heads;
+  // NOTE: fewer items than threads: each group's heads in `parts` items, so that every thread has work
+  const int64_t parts = whole > 0 && whole < num_threads ? std::min(G, (num_threads + whole - 1) / whole) : 1;
   std::vector<WorkItem> items;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = qsl[s + 1] - qsl[s], first_pos = seq_lens[s] - q_len;
     for (int64_t q0 = 0; q0 < q_len; q0 += kQueryChunk) {
       const int64_t q1 = std::min(q_len, q0 + kQueryChunk);
       const int64_t keys = window > 0 ? std::min(first_pos + q1, window + q1 - q0) : first_pos + q1;
-      for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, q0, q1, (q1 - q0) * keys});
+      for (int64_t h = 0; h < L.num_kv_heads; ++h)
+        for (int64_t p = 0; p < parts; ++p) {
+          const int64_t g0 = G * p / parts, g1 = G * (p + 1) / parts;
+          items.push_back({s, h, q0, q1, g0, g1, (q1 - q0) * (g1 - g0) * keys});
+        }
     }
   }
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
@@ -251,7 +264,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key, const
   const int32_t* qsl = query_start_loc.const_data_ptr<int32_t>();
   const int32_t* lens = seq_lens.const_data_ptr<int32_t>();
   TORCH_CHECK(qsl[num_seqs] == query.size(0), "query_start_loc must end at num_tokens");
-  const auto items = plan_items(qsl, lens, num_seqs, L.num_kv_heads, sliding_window);
+  const auto items = plan_items(qsl, lens, num_seqs, L, at::get_num_threads());
   const int32_t* tables = block_tables.const_data_ptr<int32_t>();
   if (query.scalar_type() == at::kFloat) {
     attend_all<float>(L, items, query, k_cache, v_cache, tables, qsl, lens, out);

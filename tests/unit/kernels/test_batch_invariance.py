@@ -158,14 +158,21 @@ def test_rotary_rows_do_not_depend_on_the_row_count(
         rows_alike(lambda rows: ks.apply_rotary(pool[rows], RotaryAngles.lookup(positions[rows], cache)))
 
 
+# (heads, KV heads, head_dim): GQA 3; one KV head of 4 (Gemma 3: a decode alone is split between the threads by
+# its query heads, beside others it is not), at the plain loops' head_dim 256 and the AVX-512 loop's 128
+ATTENTION_SHAPES = [(9, 3, 64), (4, 1, 256), (4, 1, 128)]
+
+
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_rows_do_not_depend_on_the_batch(
-    kernels: Callable[[torch.dtype], Kernels], dtype: torch.dtype
+    kernels: Callable[[torch.dtype], Kernels], dtype: torch.dtype, shape: tuple[int, int, int]
 ) -> None:
-    """A decode token (row 0 of the pool) attends alike alone and beside other decodes and a prefill chunk."""
+    """A decode token (row 0 of the pool) attends alike alone and beside other decodes and a prefill chunk, on 2
+    threads as on 1."""
     ks = kernels(dtype)
     gen = torch.Generator().manual_seed(7)
-    heads, kv_heads, head_dim, bs = 9, 3, 64, 16
+    (heads, kv_heads, head_dim), bs = shape, 16
     seq_lens = [int(n) for n in torch.randint(1, 120, (NUM_POOL_ROWS,), generator=gen)]
     seq_lens[1] = 70  # a prefill chunk of 20 tokens in every call but the first
     query_lens = [20 if i == 1 else 1 for i in range(len(seq_lens))]
@@ -184,5 +191,13 @@ def test_attention_rows_do_not_depend_on_the_batch(
         ends = meta.query_start_loc[1:].tolist()
         return out[[e - 1 for e in ends]]  # the last token of each sequence
 
-    with torch.inference_mode():
-        rows_alike(op)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.inference_mode():
+            rows_alike(op)
+            two = op([0])
+            torch.set_num_threads(1)
+            assert torch.equal(op([0]), two)
+    finally:
+        torch.set_num_threads(threads)
