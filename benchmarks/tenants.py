@@ -34,11 +34,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 from serving_servers import Running, infer_server
 from tenants_report import HEAVY, LIGHT, PROBE, goals, phase_figures, summarize, write_report
 
@@ -50,6 +51,12 @@ OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 TENANT_HEADER = "x-tenant"
 MAX_SEQS, NUM_BLOCKS, PROMPT_TOKENS, NEW_TOKENS, VOCAB_LIMIT = 16, 512, 128, 32, 32_000
 PROBE_PRIORITY, PROBE_TOKENS = -10, 4
+COUNTERS = {  # the phase's figure: the server's Prometheus counter
+    "preemptions": "infer_preemptions_total",
+    "prompt_tokens": "infer_prompt_tokens_total",
+    "cached_tokens": "infer_prefix_cache_hit_tokens_total",
+    "generation_tokens": "infer_generation_tokens_total",
+}
 SETUPS: dict[str, dict[str, Any]] = {
     "fcfs": {"policy": "fcfs", "weights": {}, "phases": ("contention", "shares")},
     "priority": {"policy": "priority", "weights": {}, "phases": ("contention",)},
@@ -186,7 +193,7 @@ def serve(name: str, log_dir: Path, tag: str) -> Iterator[Running]:
     tenants.write_text("".join(f"{t} {w:g}\n" for t, w in (setup["weights"] or {HEAVY: 1, LIGHT: 1}).items()))
     flags = ("--quantization", "int4", "--max-num-seqs", str(MAX_SEQS), "--num-blocks", str(NUM_BLOCKS),
              "--scheduling-policy", setup["policy"], "--tenant-header", TENANT_HEADER,
-             "--tenants", str(tenants))  # fmt: skip
+             "--tenants", str(tenants), "--http-metrics")  # fmt: skip
     with infer_server(f"{name.replace(' ', '-').replace(':', '-')}-{tag}", flags, log_dir) as server:
         yield server
 
@@ -202,12 +209,34 @@ def run_setup(name: str, cfg: Config, log_dir: Path, tag: str) -> dict[str, Any]
             out["probe_solo_ttft_s"] = asyncio.run(solo(server, requests(f"{tag}s", 3, PROBE_TOKENS), LIGHT, -10))
         for phase in SETUPS[name]["phases"]:
             run = contention if phase == "contention" else shares
-            out[phase] = asyncio.run(run(server, cfg, f"{tag}{name}{phase}"))
+            out[phase] = counted(server, run(server, cfg, f"{tag}{name}{phase}"))
             print(f"  {name} {phase}: {summary_line(out[phase])}", flush=True)
     log = server.log.read_text(errors="replace")
     out["cpu_threads"] = re.findall(r"CPU threads (\d+ -> \d+)", log)
     out["kernels"] = "".join(re.findall(r"kernels: (.*?) \(INFER_KERNELS", log)[:1])
     return out
+
+
+def counted(server: Running, phase: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """Runs a phase; its figures gain `engine`: how much each of the server's COUNTERS grew meanwhile."""
+    before = engine_counters(server)
+    out = asyncio.run(phase)
+    after = engine_counters(server)
+    out["engine"] = {key: after[key] - before[key] for key in COUNTERS}
+    return out
+
+
+def engine_counters(server: Running) -> dict[str, float]:
+    text = httpx.get(server.http.removesuffix("/v1") + "/metrics", timeout=10).text
+    return {key: metric_value(text, name) for key, name in COUNTERS.items()}
+
+
+def metric_value(text: str, name: str) -> float:
+    """An unlabelled sample's value in Prometheus' text format."""
+    found = re.search(rf"^{re.escape(name)}(?:{{}})? (\S+)$", text, re.MULTILINE)
+    if found is None:
+        raise ValueError(f"{name} is not in the server's /metrics")
+    return float(found.group(1))
 
 
 def summary_line(p: dict[str, Any]) -> str:

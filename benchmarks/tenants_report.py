@@ -119,6 +119,8 @@ def summarize(rounds: list[dict[str, Any]], setups: dict[str, dict[str, Any]]) -
                 "probe": ttft_row(pooled(rounds, name, phase, PROBE, "ttft_s")),
                 "heavy_per_light": _ratio(sum(p["tenants"][HEAVY]["num_done"] for _, p in done),
                                           sum(p["tenants"][LIGHT]["num_sent"] for _, p in done)),
+                "vs_fcfs_rounds": [p["total_tok_s"] / base[i] for i, p in done if i in base],
+                "engine": engine_work([p.get("engine") for _, p in done]),
                 "step_s": statistics.median(p["tenants"][HEAVY]["step_s"] for _, p in done),
                 "failed": sum(p["tenants"][t]["num_failed"] for _, p in done for t in p["tenants"]),
             }  # fmt: skip
@@ -126,6 +128,13 @@ def summarize(rounds: list[dict[str, Any]], setups: dict[str, dict[str, Any]]) -
             table[phase][name] = row
     table["probes"] = probe_bounds(rounds)
     return table
+
+
+def engine_work(phases: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
+    """The server's counters summed over the rounds (None when a phase did not read them: an older run)."""
+    if not phases or any(p is None for p in phases):
+        return None
+    return {key: sum(p[key] for p in phases if p is not None) for key in phases[0] or {}}
 
 
 def _ratio(a: float, b: float) -> float:
@@ -250,6 +259,7 @@ def markdown(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {name} | {cells} | {row['deviation']:.1%} | {row['total_tok_s']:.1f} | {row['vs_fcfs']:.3f}x |"
         )
+    lines += work_table(table)
     lines += ["", "## Priority at saturation", "", "| round | prefill (solo TTFT) | step: median / mean heavy "
               "inter-token gap | bound: prefill + 2 median steps | prefill + 2 mean steps | probes' TTFT |",
               "|---|---:|---:|---:|---:|---|"]  # fmt: skip
@@ -259,6 +269,28 @@ def markdown(result: dict[str, Any]) -> list[str]:
                      f"{_ms(b['bound_s'])} | {_ms(b['bound_mean_s'])} | {ttfts} |")  # fmt: skip
     lines += ["", "![per-tenant output tok/s over time](tenants.png)", "", "## Notes", ""]
     return lines + [f"- {note}" for note in result["notes"]]
+
+
+def work_table(table: dict[str, Any]) -> list[str]:
+    """What each policy cost the engine (its own counters over the phase, all rounds) beside the throughput ratio
+    of each round: a policy that preempts pays in recomputed prompt tokens, the machine's drift in neither."""
+    rows = [(phase, name, row) for phase in ("contention", "shares") for name, row in table[phase].items()
+            if row.get("engine")]  # fmt: skip
+    if not rows:
+        return []
+    lines = ["", "## What each policy cost the engine", "",
+             "The server's counters over each phase (all rounds): requests preempted, prompt tokens computed per "
+             "output token (a preempted request recomputes what the prefix cache no longer holds), prefix-cache "
+             "hits; beside them each round's total output tok/s against fcfs in the same round.", "",
+             "| phase | setup | preemptions | prompt tokens computed / output token | prefix-cache hit tokens | "
+             "/ fcfs, each round |", "|---|---|---:|---:|---:|---|"]  # fmt: skip
+    for phase, name, row in rows:
+        work = row["engine"]
+        per_token = _ratio(work["prompt_tokens"], work["generation_tokens"])
+        ratios = ", ".join(f"{r:.3f}x" for r in row.get("vs_fcfs_rounds", []))
+        lines.append(f"| {phase} | {name} | {work['preemptions']:.0f} | {per_token:.3f} | "
+                     f"{work['cached_tokens']:.0f} | {ratios} |")  # fmt: skip
+    return lines
 
 
 def plot(result: dict[str, Any], path: Path) -> Path | None:

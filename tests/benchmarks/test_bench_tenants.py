@@ -131,3 +131,36 @@ def test_a_stopped_request_keeps_its_tokens_and_later_ones_are_not_sent() -> Non
     first, later, sent = asyncio.run(scenario())
     assert first.status == "stopped" and 3 <= first.output_tokens < 1000 and first.ttft_s is not None
     assert later.status == "stopped" and later.output_tokens == 0 and sent == 1
+
+
+def test_the_servers_counters_are_read_from_its_metrics_text() -> None:
+    text = (
+        "# HELP infer_preemptions_total requests preempted\n# TYPE infer_preemptions_total counter\n"
+        "infer_preemptions_total 7.0\ninfer_preemptions_created 1.7e9\n"
+        'infer_tenant_requests_total{tenant="light"} 3.0\ninfer_prompt_tokens_total 1280.0\n'
+    )
+    assert tenants.metric_value(text, "infer_preemptions_total") == 7.0
+    assert tenants.metric_value(text, "infer_prompt_tokens_total") == 1280.0
+    with pytest.raises(ValueError, match="infer_generation_tokens_total is not in"):
+        tenants.metric_value(text, "infer_generation_tokens_total")
+
+
+def test_the_report_shows_each_policys_work_and_each_rounds_ratio(tmp_path: Path) -> None:
+    rounds = _rounds(0.14, (150, 300), 0.15) + _rounds(0.14, (150, 300), 0.15)  # two rounds
+    for i, r in enumerate(rounds):
+        for name, setup in r["setups"].items():
+            for phase in ("contention", "shares"):
+                if phase in setup:
+                    setup[phase] = dict(setup[phase], engine={
+                        "preemptions": 3.0 if name.startswith("fair") else 0.0, "prompt_tokens": 1000.0 + i,
+                        "cached_tokens": 16.0, "generation_tokens": 500.0})  # fmt: skip
+    rounds[1]["setups"]["fcfs"]["contention"] = dict(rounds[1]["setups"]["fcfs"]["contention"], total_tok_s=66.4)
+    table = report.summarize(rounds, tenants.SETUPS)
+    fair = table["contention"]["fair 1:1"]
+    assert fair["engine"] == {"preemptions": 6.0, "prompt_tokens": 2001.0, "cached_tokens": 32.0,
+                              "generation_tokens": 1000.0}  # fmt: skip
+    assert fair["vs_fcfs_rounds"] == pytest.approx([1.0, 0.5])
+    text = "\n".join(report.work_table(table))
+    assert "| contention | fair 1:1 | 6 | 2.001 | 32 | 1.000x, 0.500x |" in text
+    del rounds[0]["setups"]["fcfs"]["contention"]["engine"]  # a run from before the counters: no table
+    assert report.summarize(rounds, tenants.SETUPS)["contention"]["fcfs"]["engine"] is None
