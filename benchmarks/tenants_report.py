@@ -279,17 +279,17 @@ def work_table(table: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     lines = ["", "## What each policy cost the engine", "",
-             "The server's counters over each phase (all rounds): requests preempted, prompt tokens computed per "
-             "output token (a preempted request recomputes what the prefix cache no longer holds), prefix-cache "
-             "hits; beside them each round's total output tok/s against fcfs in the same round.", "",
-             "| phase | setup | preemptions | prompt tokens computed / output token | prefix-cache hit tokens | "
-             "/ fcfs, each round |", "|---|---|---:|---:|---:|---|"]  # fmt: skip
+             "The server's counters over each phase (all rounds): requests preempted, and prompt tokens computed per "
+             "output token (every request's prompt, plus what a preempted one recomputes: the part of its prompt and "
+             "output the prefix cache no longer holds); beside them each round's total output tok/s against fcfs in "
+             "the same round.", "",
+             "| phase | setup | preemptions | prompt tokens computed / output token | / fcfs, each round |",
+             "|---|---|---:|---:|---|"]  # fmt: skip
     for phase, name, row in rows:
         work = row["engine"]
         per_token = _ratio(work["prompt_tokens"], work["generation_tokens"])
         ratios = ", ".join(f"{r:.3f}x" for r in row.get("vs_fcfs_rounds", []))
-        lines.append(f"| {phase} | {name} | {work['preemptions']:.0f} | {per_token:.3f} | "
-                     f"{work['cached_tokens']:.0f} | {ratios} |")  # fmt: skip
+        lines.append(f"| {phase} | {name} | {work['preemptions']:.0f} | {per_token:.3f} | {ratios} |")
     return lines
 
 

@@ -161,6 +161,6 @@ def test_the_report_shows_each_policys_work_and_each_rounds_ratio(tmp_path: Path
                               "generation_tokens": 1000.0}  # fmt: skip
     assert fair["vs_fcfs_rounds"] == pytest.approx([1.0, 0.5])
     text = "\n".join(report.work_table(table))
-    assert "| contention | fair 1:1 | 6 | 2.001 | 32 | 1.000x, 0.500x |" in text
+    assert "| contention | fair 1:1 | 6 | 2.001 | 1.000x, 0.500x |" in text
     del rounds[0]["setups"]["fcfs"]["contention"]["engine"]  # a run from before the counters: no table
     assert report.summarize(rounds, tenants.SETUPS)["contention"]["fcfs"]["engine"] is None
