@@ -171,6 +171,29 @@ def chunked_perplexity(llm: Any, ids: list[int], ctx: int) -> float:
     return math.exp(nll / count)
 
 
+@torch.inference_mode()
+def reference_perplexity(path: Path, ids: list[int], ctx: int) -> float:
+    """The same estimate (same ids, chunks and scored halves) by transformers on the same file, dequantized to fp32:
+    the correctness reference, to tell our deviation from llama.cpp's own (its activations are rounded to 8 bits)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                              dtype=torch.float32).eval()  # fmt: skip
+    try:
+        bos, first, nll, count = model.config.bos_token_id, ctx // 2, 0.0, 0
+        add_bos = bos is not None and ids[0] == bos
+        for start in range(0, len(ids) // ctx * ctx, ctx):
+            chunk = [bos if add_bos and i == 0 else t for i, t in enumerate(ids[start : start + ctx])]
+            logits = model(torch.tensor([chunk])).logits[0].float()
+            nll += float(torch.nn.functional.cross_entropy(logits[first:-1], torch.tensor(chunk[first + 1 :]),
+                                                           reduction="sum"))  # fmt: skip
+            count += ctx - first - 1
+        return math.exp(nll / count)
+    finally:
+        del model
+        gc.collect()
+
+
 def code_tasks() -> list[list[dict[str, str]]]:
     """Two copy-heavy edits of CPython 3.11's own functions (PSF License), 49-58 lines each, as chats."""
     scan = inspect.getsource(json.decoder.py_scanstring)  # type: ignore[attr-defined]
@@ -193,6 +216,7 @@ def our_side(name: str, path: Path) -> dict[str, Any]:
         ids = llm.tokenizer.encode(TEXT)
         ctx = min(PERPLEXITY_CTX, len(ids) // 2)
         out: dict[str, Any] = {"text_tokens": len(ids), "ctx": ctx, "perplexity": chunked_perplexity(llm, ids, ctx)}
+        out["ids"] = ids  # for transformers' estimate, after this engine is gone
         runner = llm.core.runner
         out["kv_bytes_per_token"] = kv_cache_bytes_per_block(runner.model, 1, runner.dtype)
         out["kernels"] = llm.core.model_info.kernels
@@ -359,6 +383,12 @@ def run_model(name: str, work: Work, log_dir: Path) -> dict[str, Any]:
     except Exception as e:
         notes.append(f"our engine could not load {path.name} offline: {type(e).__name__}: {str(e)[:600]}")
         out["ours"] = {"code_prompts": []}
+    if "ids" in out["ours"]:
+        try:
+            out["reference_perplexity"] = reference_perplexity(path, out["ours"]["ids"], out["ours"]["ctx"])
+        except Exception as e:
+            notes.append(f"transformers' perplexity failed: {type(e).__name__}: {str(e)[:600]}")
+        del out["ours"]["ids"]
     out["probe"] = probe_repack(path, work, log_dir)
     notes += repack_probe(log_dir, path).notes()
     repack = out["probe"]["repack"] > out["probe"]["no-repack"]
@@ -413,8 +443,11 @@ def goal_rows(name: str, m: dict[str, Any]) -> list[tuple[str, str, str, bool | 
     rows: list[tuple[str, str, str, bool | None]] = []
     ppl, ref = ours.get("perplexity"), m.get("llama_perplexity")
     diff = ppl / ref - 1 if ppl and ref else None
+    hf = m.get("reference_perplexity")
+    against_hf = (f"; transformers on the same file {hf:.3f}: ours {100 * (ppl / hf - 1):+.2f}%, llama.cpp's "
+                  f"{100 * (ref / hf - 1):+.2f}%" if hf and ppl and ref else "")  # fmt: skip
     rows.append(("perplexity vs llama-perplexity", "within ±0.5%", f"{fmt(ppl, '.3f')} vs {fmt(ref, '.3f')} "
-                 f"({fmt(None if diff is None else 100 * diff, '+.2f', '%')})",
+                 f"({fmt(None if diff is None else 100 * diff, '+.2f', '%')}){against_hf}",
                  None if diff is None else abs(diff) <= PERPLEXITY_TOLERANCE))  # fmt: skip
     for key, label, goal in (("single", "one stream, output tok/s", ONE_STREAM_GOAL[name]),
                              ("c16", "16 concurrent, output tok/s", CONCURRENT_GOAL[name])):  # fmt: skip
@@ -472,6 +505,10 @@ def model_table(result: dict[str, Any], m: dict[str, Any]) -> list[str]:
     rel = ppl / ref if ppl and ref else None
     lines.append(f"| perplexity (ctx {ours.get('ctx', '?')}, {ours.get('text_tokens', '?')} tokens) | "
                  f"{fmt(ppl, '.3f')} | {fmt(ref, '.3f')} | {fmt(rel, '.4f', '×')} |")  # fmt: skip
+    hf = m.get("reference_perplexity")
+    if hf:
+        lines.append(f"| perplexity: transformers on the same file (fp32), the reference: {hf:.3f} | "
+                     f"{ppl / hf if ppl else 0:.4f}× | {ref / hf if ref else 0:.4f}× | |")  # fmt: skip
     row("peak RSS after load, MiB", (INFER, "server"), (LLAMA, "server"), "peak_rss_load_bytes", ".0f", 1 / MIB)
     row("peak RSS after the workload, MiB", (INFER, "server"), (LLAMA, "server"), "peak_rss_end_bytes", ".0f", 1 / MIB)
     rss = [peak(rounds, system) for system in (INFER, LLAMA)]
