@@ -21,7 +21,11 @@
 //   t   = fma(m_c, sum_k xq_k, d_c * dot)
 //   acc = fma(s, t, acc)             (groups in order; y = acc + bias)
 // The integer dot runs 32 products per instruction (VNNI's vpdpwssd, or vpmaddwd + add): a 64-byte load of
-// nibbles gives four pairs of k a lane with a shift and a mask, no conversion to float per weight. A thread
+// nibbles gives four pairs of k a lane with a shift and a mask, no conversion to float per weight. int4 on
+// AVX-512 multiplies bytes instead (as csrc/int6_linear.cpp): a 64-byte load is two registers of codes (a mask;
+// a shift and a mask), 4 consecutive k a lane, and xq = 256 xh + xl (xh = xq >> 8 signed, xl = xq & 255
+// unsigned) gives sum q * xq = 256 sum q * xh + sum xl * q, each a vpdpbusd of 64 products: 3 operations per
+// 128 weights for the unpack where the pairs took 8, the same integer dot. A thread
 // owns whole strips; rows go through in register tiles of 1-8, each row the same sequence of operations
 // whatever the tile, the thread or the number of rows in the call (batch invariance). With AVX2 only, the same
 // integers and the same fp32 epilogue come from two halves of 8 channels (vpmaddwd, tiles of 1-3 rows), and
@@ -111,6 +115,7 @@ struct Problem {
   int64_t M, N, K;          // K padded to a multiple of 32
   const uint8_t* packed;    // [N_pad / 16][K / 32][block] or [N_pad / 16][K / 256][super-block]
   const int32_t* xq;        // [M][K / 2]: int16 pairs, per group in kPairLow/kPairHigh order
+  const int32_t* xb;        // [M][K / 32][16]: per group xh of k 0..31 (bytes, 8 quads), then xl (int4, AVX-512)
   const float* xs;          // [M][K / 32]: s
   const float* xsum;        // [M][K / 32]: sum of the group's xq (an integer)
   const float* bias;        // [N] or null
@@ -136,8 +141,8 @@ inline float scale_at(const uint8_t* head, const uint8_t* block, int which, int6
   }
 }
 
-// one row's inputs [K] fp32 -> pairs [K / 2], s and sum per group
-void quantize_row(const float* x, int64_t K, int32_t* pairs, float* s, float* sum) {
+// one row's inputs [K] fp32 -> pairs [K / 2], bytes [K / 32][16] (null: not wanted), s and sum per group
+void quantize_row(const float* x, int64_t K, int32_t* pairs, int32_t* bytes, float* s, float* sum) {
   for (int64_t g = 0; g < K / kGroup; ++g) {
     const float* xg = x + g * kGroup;
     float amax = 0.f;
@@ -151,11 +156,17 @@ void quantize_row(const float* x, int64_t K, int32_t* pairs, float* s, float* su
     }
     int32_t total = 0;
     for (int64_t k = 0; k < kGroup; ++k) total += q[k];
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < 4 && pairs; ++j)
       for (int p = 0; p < 4; ++p) {
         const uint32_t lo = static_cast<uint16_t>(q[8 * j + kPairLow[p]]), hi = static_cast<uint16_t>(q[8 * j + kPairHigh[p]]);
         pairs[g * kPairs + 4 * j + p] = static_cast<int32_t>(lo | (hi << 16));
       }
+    if (bytes) {
+      uint8_t b[2 * kGroup];  // xh of k 0..31, then xl
+      for (int64_t k = 0; k < kGroup; ++k)
+        b[k] = static_cast<uint8_t>(static_cast<int8_t>(q[k] >> 8)), b[kGroup + k] = static_cast<uint8_t>(q[k] & 255);
+      std::memcpy(bytes + g * 16, b, sizeof b);
+    }
     s[g] = scale, sum[g] = static_cast<float>(total);
   }
 }
@@ -207,27 +218,61 @@ inline __m512i fifth_bits(__m512i high) {
   else return _mm512_and_si512(_mm512_slli_epi32(high, 4 - I), at4);
 }
 
+// acc + sum of 4 products of unsigned bytes of a by signed bytes of b, a 32-bit lane each
+inline __m512i dot_bytes(__m512i acc, __m512i a, __m512i b) {
+#ifdef __AVX512VNNI__
+  return _mm512_dpbusd_epi32(acc, a, b);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), _mm512_set1_epi16(1)));
+#endif
+}
+
+// int4's integer dots of a group by bytes: dot[r] = sum_k xq_k * q_ck, the same integers as the pairs give
+template <int R>
+inline void dot_by_bytes(const Problem& P, const uint8_t* block, int64_t m0, int64_t g, __m512i* dot) {
+  const int64_t groups = P.K / kGroup;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i hi[R], lo[R];
+  for (int r = 0; r < R; ++r) hi[r] = lo[r] = _mm512_setzero_si512();
+  for (int j = 0; j < 4; ++j) {
+    const __m512i raw = _mm512_loadu_si512(block + 64 * j);  // lane c: k 8j + b (low nibbles), 8j + 4 + b (high)
+    const __m512i codes[2] = {_mm512_and_si512(raw, low4), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4)};
+    for (int r = 0; r < R; ++r) {
+      const int32_t* xb = P.xb + ((m0 + r) * groups + g) * 16;  // quad 2j + h: k 8j + 4h .. 8j + 4h + 3
+      for (int h = 0; h < 2; ++h) {
+        hi[r] = dot_bytes(hi[r], codes[h], _mm512_set1_epi32(xb[2 * j + h]));      // codes by xh (signed)
+        lo[r] = dot_bytes(lo[r], _mm512_set1_epi32(xb[8 + 2 * j + h]), codes[h]);  // xl (unsigned) by codes
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(_mm512_slli_epi32(hi[r], 8), lo[r]);
+}
+
 template <typename Scale, int Bits, int R>
 void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   const int64_t groups = P.K / kGroup, row_pairs = P.K / 2;
   const __m512i low4 = _mm512_set1_epi32(0x000F000F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const int32_t* xq = P.xq + m0 * row_pairs;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t *block = group_block<Scale, Bits>(strip, g), *head = group_head<Scale, Bits>(strip, g);
     __m512i dot[R];
-    for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
-    const __m512i high = Bits == 5 ? _mm512_loadu_si512(block + kNibbleBytes) : _mm512_setzero_si512();
-    const auto pairs = [&](auto jc, auto pc) {
-      constexpr int j = decltype(jc)::value, p = decltype(pc)::value;
-      const __m512i raw = _mm512_loadu_si512(block + 64 * j);  // lane c: channel c's 4 bytes
-      __m512i w = _mm512_and_si512(_mm512_srli_epi32(raw, 4 * p), low4);  // two k a lane, int16 each
-      if constexpr (Bits == 5) w = _mm512_or_si512(w, fifth_bits<4 * j + p>(high));
-      for (int r = 0; r < R; ++r)
-        dot[r] = dot_pairs(dot[r], w, _mm512_set1_epi32(xq[r * row_pairs + g * kPairs + 4 * j + p]));
-    };
-    for_pairs(pairs);
+    if constexpr (Bits == 4) {
+      dot_by_bytes<R>(P, block, m0, g, dot);
+    } else {  // int5: pairs of int16
+      const int32_t* xq = P.xq + m0 * row_pairs;
+      for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+      const __m512i high = _mm512_loadu_si512(block + kNibbleBytes);
+      const auto pairs = [&](auto jc, auto pc) {
+        constexpr int j = decltype(jc)::value, p = decltype(pc)::value;
+        const __m512i raw = _mm512_loadu_si512(block + 64 * j);  // lane c: channel c's 4 bytes
+        const __m512i w = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(raw, 4 * p), low4),
+                                          fifth_bits<4 * j + p>(high));  // two k a lane, int16 each
+        for (int r = 0; r < R; ++r)
+          dot[r] = dot_pairs(dot[r], w, _mm512_set1_epi32(xq[r * row_pairs + g * kPairs + 4 * j + p]));
+      };
+      for_pairs(pairs);
+    }
     const __m512 d = load_scales<Scale, Bits>(head, block, 0), mn = load_scales<Scale, Bits>(head, block, 1);
     for (int r = 0; r < R; ++r) {
       const int64_t i = (m0 + r) * groups + g;
@@ -404,19 +449,26 @@ at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& packed, const c
     const at::Tensor xp = k_in == K ? xf : at::constant_pad_nd(xf, {0, K - k_in}, 0.0);
     const int64_t groups = K / kGroup;
     // the quantized inputs: buffers of the calling thread, reused (no allocation per call on the decode path)
-    thread_local std::vector<int32_t> xq;
+    thread_local std::vector<int32_t> xq, xb;
     thread_local std::vector<float> xs, xsum;
-    xq.resize(M * (K / 2)), xs.resize(M * groups), xsum.resize(M * groups);
+#ifdef INFER_INT4_AVX512
+    constexpr bool kBytes = Bits == 4;  // int4 multiplies bytes (dot_by_bytes)
+#else
+    constexpr bool kBytes = false;
+#endif
+    xq.resize(kBytes ? 0 : M * (K / 2)), xb.resize(kBytes ? M * groups * 16 : 0);
+    xs.resize(M * groups), xsum.resize(M * groups);
     const float* xp_data = xp.const_data_ptr<float>();
-    int32_t* xq_data = xq.data();
+    int32_t *xq_data = kBytes ? nullptr : xq.data(), *xb_data = kBytes ? xb.data() : nullptr;
     float *xs_data = xs.data(), *xsum_data = xsum.data();
     const auto quantize = [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m)
-        quantize_row(xp_data + m * K, K, xq_data + m * (K / 2), xs_data + m * groups, xsum_data + m * groups);
+        quantize_row(xp_data + m * K, K, xq_data ? xq_data + m * (K / 2) : nullptr, xb_data ? xb_data + m * groups * 16 : nullptr,
+                     xs_data + m * groups, xsum_data + m * groups);
     };
     if (M >= 2 * kQuantizeGrain) at::parallel_for(0, M, kQuantizeGrain, quantize);
     else quantize(0, M);
-    const Problem P{M, out_features, K, packed.const_data_ptr<uint8_t>(), xq_data, xs_data, xsum_data,
+    const Problem P{M, out_features, K, packed.const_data_ptr<uint8_t>(), xq_data, xb_data, xs_data, xsum_data,
                     bias.has_value() ? bias_f.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>()};
     if (super) run<Super, Bits>(P);
     else if (block == kSuperBytes<float, Bits>) run<float, Bits>(P);
