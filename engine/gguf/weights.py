@@ -340,6 +340,18 @@ def _collect(model: CausalLM, arch: str, tensors: Sequence[FileTensor]) -> dict[
     return by_param
 
 
+def _num_bytes(parts: Sequence[_Part]) -> int:
+    return sum(p.tensor.data.nbytes for p in parts)
+
+
+def drop_all_pages(tensors: Sequence[FileTensor]) -> None:
+    """The whole file's pages out of this process: NOTE: reading a tensor maps its neighbours' cached pages too
+    (the kernel's fault-around, 64 KiB), which the tensor-by-tensor drops before it did not cover."""
+    for file_map in {id(t.pages[0]): t.pages[0] for t in tensors if t.pages is not None}.values():
+        with contextlib.suppress(OSError, ValueError):  # advice only, as in `drop_pages`
+            file_map.madvise(mmap.MADV_DONTNEED)
+
+
 def _rows(part: _Part, param: torch.Tensor) -> int:
     return part.target.num_rows if part.target.num_rows is not None else param.shape[0]
 
@@ -348,7 +360,10 @@ def fill_model(model: CausalLM, arch: str, tensors: Sequence[FileTensor], keep: 
     """Every tensor of the file into `model` (see the module doc); GGUFWeightError naming a tensor that does not
     fit. `keep`: quantized linear weights and the embedding stay in their bits; else all become floats."""
     params = dict(model.named_parameters(remove_duplicate=False))
-    for name, parts in _collect(model, arch, tensors).items():
+    # NOTE: largest first: while a weight is packed, its file pages and its packed copy are both resident; the
+    # largest (a 262k-row embedding, 170 MB) then comes while the model is not, and its pages go before the next
+    collected = sorted(_collect(model, arch, tensors).items(), key=lambda item: -_num_bytes(item[1]))
+    for name, parts in collected:
         param = params[name]
         if keep and _packable(name) and not any(p.tensor.is_float for p in parts):
             packed = _pack(parts, tuple(param.shape))
@@ -362,6 +377,7 @@ def fill_model(model: CausalLM, arch: str, tensors: Sequence[FileTensor], keep: 
             _fill_float(param, parts)
         for part in parts:
             part.tensor.drop_pages()
+    drop_all_pages(tensors)
     rounded = sorted({t.tensor_type.name for t in tensors if not t.is_float and t.tensor_type not in EXACT_TYPES})
     if keep and rounded:
         logger.warning("tensor types with no exact grouped form (%s): rounded to int8 codes per group of 32",

@@ -3,6 +3,7 @@ read once; the model runs on the kernel backend chosen when it was loaded."""
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 from pathlib import Path
@@ -19,6 +20,7 @@ from infer.engine.loader import ModelLoadError, load_model
 from infer.engine.model_config import ModelConfig
 from infer.engine.models import Linear
 from infer.engine.runner import ModelRunner, SeqWork
+from tests.helpers.tiny_gguf import write_tiny_gguf
 from tests.helpers.tiny_models import make_tiny_model
 
 
@@ -148,3 +150,28 @@ def test_eos_ids_of_config_and_generation_config_both_count(llama_dir: Path, tmp
     (model_dir / "config.json").write_text(json.dumps({**config, "eos_token_id": 7}))
     (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7]}))
     assert loader.load_model_config(model_dir).eos_token_ids == (7, 5)
+
+
+@pytest.mark.parametrize("was_enabled", [True, False])
+def test_a_load_runs_without_the_cyclic_collector_and_leaves_it_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, was_enabled: bool
+) -> None:
+    """A load makes millions of objects and no cyclic garbage (Gemma 3's vocabulary and merges): the collector's
+    passes over everything alive then were a quarter of its tokenizer's time."""
+    model = write_tiny_gguf(tmp_path / "m.gguf", "gemma3", num_layers=1)
+    seen: dict[str, bool] = {}
+    for name in ("load_gguf_model", "gguf_tokenizer", "ModelRunner"):
+        real = getattr(loader, name)
+
+        def recording(*args: Any, _name: str = name, _real: Any = real, **kwargs: Any) -> Any:
+            seen[_name] = gc.isenabled()
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(loader, name, recording)
+    (gc.enable if was_enabled else gc.disable)()
+    try:
+        loader.load_engine(EngineConfig(model=str(model), max_model_len=64, num_blocks=8))
+        assert gc.isenabled() == was_enabled
+    finally:
+        gc.enable()
+    assert seen == {"load_gguf_model": False, "gguf_tokenizer": False, "ModelRunner": False}

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
+import signal
 from collections.abc import Callable
 
 import grpc
@@ -85,3 +88,28 @@ def test_connection_age_settings_become_grpc_channel_args() -> None:
     assert options["grpc.max_connection_age_ms"] == 1500 and options["grpc.max_connection_age_grace_ms"] == 0
     options = dict(grpc_options(ServerConfig(max_connection_age_s=None, max_connection_age_grace_s=None)))
     assert "grpc.max_connection_age_ms" not in options and "grpc.max_connection_age_grace_ms" not in options
+
+
+def test_serve_turns_the_collector_back_on_once_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`infer serve` starts with the collector paused (cli.main); SERVING turns it back on, with everything alive
+    then (modules, model, tokenizer) frozen out of its later passes."""
+    monkeypatch.setattr(app.AsyncEngine, "from_config", lambda config: _failing_engine(lambda runner: None))
+    load, seen = InferenceServer.load, []
+
+    async def load_then_stop(server: InferenceServer) -> None:
+        await load(server)
+
+        def check_then_stop() -> None:  # after serve's own steps that follow the load
+            seen.append((gc.isenabled(), gc.get_freeze_count() > 0))
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        asyncio.get_running_loop().call_soon(check_then_stop)
+
+    monkeypatch.setattr(InferenceServer, "load", load_then_stop)
+    gc.disable()
+    try:
+        assert asyncio.run(asyncio.wait_for(serve(_config()), timeout=60)) == 0
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    assert seen == [(True, True)]

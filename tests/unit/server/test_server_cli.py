@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import subprocess
 import sys
@@ -98,3 +99,37 @@ def test_a_parser_for_serve_leaves_out_the_client_side_commands(argv: list[str],
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     assert {"generate", "serve", "prepare-model"} <= set(commands)
     assert ({"client", "health", "bench", "gateway"} <= set(commands)) is has_client_commands
+
+
+def test_serve_starts_without_the_cyclic_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start-up time: torch's import and a model's load make millions of objects and no cyclic garbage; `infer
+    serve` pauses the collector before its first import (`app.serve` turns it back on once SERVING, a failed
+    start here); other commands keep it."""
+    from infer.server import cli
+
+    seen: list[bool] = []
+    monkeypatch.setattr(cli, "_serve", lambda args: seen.append(gc.isenabled()) or 0)
+    monkeypatch.setattr(cli, "_prepare_model", lambda args: seen.append(gc.isenabled()) or 0)
+    try:
+        assert cli.main(["serve", "--grpc-port", "0"]) == 0
+        assert gc.isenabled()
+        assert cli.main(["prepare-model"]) == 0
+    finally:
+        gc.enable()
+    assert seen == [False, True]
+
+
+def test_a_gateway_free_serve_imports_no_gateway_app() -> None:
+    """The settings read `gateway.origins`; the package's names (its app, a web framework and schemas, 0.4 s of
+    start-up) load on first use only, and its public import paths keep working."""
+    code = (
+        "import sys\n"
+        "import infer.server.settings, infer.server.app\n"
+        "assert 'infer.server.gateway.app' not in sys.modules, 'the gateway app imported'\n"
+        "assert 'uvicorn' not in sys.modules, 'uvicorn imported'\n"
+        "from infer.server.gateway import GatewayConfig, add_gateway_parser, create_app\n"
+        "import infer.server.gateway.app as app\n"
+        "assert create_app is app.create_app and GatewayConfig is app.GatewayConfig\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
