@@ -349,7 +349,13 @@ at::Tensor ggml_pack(const std::vector<at::Tensor>& parts, const std::vector<int
   const int64_t* rows = order.const_data_ptr<int64_t>();
   for (int64_t r = 0; r < n; ++r) TORCH_CHECK(rows[r] >= 0 && rows[r] < total_rows, "ggml_pack: order out of range");
   const int64_t strips = (n + kStrip - 1) / kStrip, units = cols / P.unit();
-  auto packed = huge_page_zeros({strips, units, P.unit_bytes()});  // streamed every step: on huge pages
+  // NOTE: int8g and int5 on huge pages: their kernels stream at the memory's rate, where 4 KiB pages' misses
+  // show (one row, one thread: Gemma 3's 178 MB int8g LM head 10.6 -> 6.5 ms; Qwen2.5-Coder-0.5B's int5 layers
+  // 17 -> 24 GB/s). int4 and int6 gained nothing measurable in a step of Qwen2.5-Coder-1.5B, and fresh huge
+  // pages cost load time here: its 1.1 GB loaded 1.5-2.5 s slower on them (this VM backs a freed 2 MiB block
+  // anew)
+  const bool huge = format == kInt8g || format == kInt5;
+  auto packed = huge ? huge_page_zeros({strips, units, P.unit_bytes()}) : at::zeros({strips, units, P.unit_bytes()}, at::kByte);
   uint8_t* out = packed.mutable_data_ptr<uint8_t>();
   std::atomic<bool> ok{true};
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {

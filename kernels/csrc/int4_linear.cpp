@@ -25,7 +25,9 @@
 // AVX-512 multiplies bytes instead (as csrc/int6_linear.cpp): a 64-byte load is two registers of codes (a mask;
 // a shift and a mask), 4 consecutive k a lane, and xq = 256 xh + xl (xh = xq >> 8 signed, xl = xq & 255
 // unsigned) gives sum q * xq = 256 sum q * xh + sum xl * q, each a vpdpbusd of 64 products: 3 operations per
-// 128 weights for the unpack where the pairs took 8, the same integer dot. A thread
+// 128 weights for the unpack where the pairs took 8, the same integer dot. int5 too where vpmultishiftqb is
+// (AVX-512 VBMI): it moves each fifth bit from the lane to bit 4 of its k's byte, and one ternary-logic op ors
+// it in (8 operations per 128 weights where the pairs took 20). A thread
 // owns whole strips; rows go through in register tiles of 1-8, each row the same sequence of operations
 // whatever the tile, the thread or the number of rows in the call (batch invariance). With AVX2 only, the same
 // integers and the same fp32 epilogue come from two halves of 8 channels (vpmaddwd, tiles of 1-3 rows), and
@@ -227,25 +229,64 @@ inline __m512i dot_bytes(__m512i acc, __m512i a, __m512i b) {
 #endif
 }
 
-// int4's integer dots of a group by bytes: dot[r] = sum_k xq_k * q_ck, the same integers as the pairs give
-template <int R>
+#ifdef __AVX512VBMI__
+constexpr bool kInt5Bytes = true;  // int5 by bytes too: vpmultishiftqb moves its fifth bits
+#else
+constexpr bool kInt5Bytes = false;
+#endif
+
+// vpmultishiftqb's offsets that put the fifth bit of k = 8j + 4h + b (lane bit kLaneBit[8j + 4h + b]: a pair's
+// low word at 4j + p, its high word at 16 + 4j + p) at bit 4 of lane byte b, both lanes of a 64-bit element
+struct FifthShifts {
+  uint64_t at[8];  // [2j + h]
+  constexpr FifthShifts() : at() {
+    int bit[32] = {};
+    for (int j = 0; j < 4; ++j)
+      for (int p = 0; p < 4; ++p) bit[8 * j + kPairLow[p]] = 4 * j + p, bit[8 * j + kPairHigh[p]] = 16 + 4 * j + p;
+    for (int i = 0; i < 8; ++i)
+      for (int b = 0; b < 4; ++b) {
+        const int pos = bit[8 * (i / 2) + 4 * (i % 2) + b];
+        at[i] |= static_cast<uint64_t>((pos - 4) & 63) << (8 * b) | static_cast<uint64_t>((pos + 28) & 63) << (8 * (4 + b));
+      }
+  }
+};
+constexpr FifthShifts kFifthShifts{};
+
+// int4's (and int5's) integer dots of a group by bytes: dot[r] = sum_k xq_k * q_ck, the pairs' integers
+template <int Bits, int R>
 inline void dot_by_bytes(const Problem& P, const uint8_t* block, int64_t m0, int64_t g, __m512i* dot) {
   const int64_t groups = P.K / kGroup;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  __m512i hi[R], lo[R];
-  for (int r = 0; r < R; ++r) hi[r] = lo[r] = _mm512_setzero_si512();
+  // NOTE: up to 2 rows, a sum per half of the codes (4 chains of 4 vpdpbusd a group, not 2 of 8): one row's
+  // group waited on its chains' latency (~22 GB/s a core); the integer sums are the same whatever the order
+  constexpr int S = R <= 2 ? 2 : 1;
+  __m512i hi[R][S], lo[R][S];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < S; ++h) hi[r][h] = lo[r][h] = _mm512_setzero_si512();
   for (int j = 0; j < 4; ++j) {
     const __m512i raw = _mm512_loadu_si512(block + 64 * j);  // lane c: k 8j + b (low nibbles), 8j + 4 + b (high)
-    const __m512i codes[2] = {_mm512_and_si512(raw, low4), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4)};
+    __m512i codes[2] = {_mm512_and_si512(raw, low4), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4)};
+#ifdef __AVX512VBMI__
+    if constexpr (Bits == 5) {  // codes | (fifth bits at bit 4 & 0x10)
+      const __m512i high = _mm512_loadu_si512(block + kNibbleBytes), bit4 = _mm512_set1_epi8(0x10);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i moved = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(kFifthShifts.at[2 * j + h]), high);
+        codes[h] = _mm512_ternarylogic_epi32(codes[h], moved, bit4, 0xF8);
+      }
+    }
+#endif
     for (int r = 0; r < R; ++r) {
       const int32_t* xb = P.xb + ((m0 + r) * groups + g) * 16;  // quad 2j + h: k 8j + 4h .. 8j + 4h + 3
       for (int h = 0; h < 2; ++h) {
-        hi[r] = dot_bytes(hi[r], codes[h], _mm512_set1_epi32(xb[2 * j + h]));      // codes by xh (signed)
-        lo[r] = dot_bytes(lo[r], _mm512_set1_epi32(xb[8 + 2 * j + h]), codes[h]);  // xl (unsigned) by codes
+        hi[r][h % S] = dot_bytes(hi[r][h % S], codes[h], _mm512_set1_epi32(xb[2 * j + h]));      // codes by xh
+        lo[r][h % S] = dot_bytes(lo[r][h % S], _mm512_set1_epi32(xb[8 + 2 * j + h]), codes[h]);  // xl by codes
       }
     }
   }
-  for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(_mm512_slli_epi32(hi[r], 8), lo[r]);
+  for (int r = 0; r < R; ++r) {
+    if constexpr (S == 2) hi[r][0] = _mm512_add_epi32(hi[r][0], hi[r][1]), lo[r][0] = _mm512_add_epi32(lo[r][0], lo[r][1]);
+    dot[r] = _mm512_add_epi32(_mm512_slli_epi32(hi[r][0], 8), lo[r][0]);
+  }
 }
 
 template <typename Scale, int Bits, int R>
@@ -257,9 +298,9 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t *block = group_block<Scale, Bits>(strip, g), *head = group_head<Scale, Bits>(strip, g);
     __m512i dot[R];
-    if constexpr (Bits == 4) {
-      dot_by_bytes<R>(P, block, m0, g, dot);
-    } else {  // int5: pairs of int16
+    if constexpr (Bits == 4 || kInt5Bytes) {
+      dot_by_bytes<Bits, R>(P, block, m0, g, dot);
+    } else {  // int5 without VBMI: pairs of int16
       const int32_t* xq = P.xq + m0 * row_pairs;
       for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
       const __m512i high = _mm512_loadu_si512(block + kNibbleBytes);
@@ -452,7 +493,7 @@ at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& packed, const c
     thread_local std::vector<int32_t> xq, xb;
     thread_local std::vector<float> xs, xsum;
 #ifdef INFER_INT4_AVX512
-    constexpr bool kBytes = Bits == 4;  // int4 multiplies bytes (dot_by_bytes)
+    constexpr bool kBytes = Bits == 4 || kInt5Bytes;  // bytes multiplied (dot_by_bytes)
 #else
     constexpr bool kBytes = false;
 #endif

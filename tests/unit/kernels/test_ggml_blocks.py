@@ -160,21 +160,19 @@ def _mapping(address: int) -> tuple[int, list[str]]:
     raise AssertionError(f"no mapping holds {address:#x}")
 
 
-@pytest.mark.parametrize("rows", [130, 4100, 62000], ids=["70KiB", "2.1MiB", "33MiB"])
-def test_packed_weights_are_on_huge_pages(rows: int) -> None:
-    """A decode step streams every weight: one of 64 KiB or more lies in a 2 MiB-aligned map advised
-    MADV_HUGEPAGE (VmFlags `hg`), a map of its own from 32 MiB, so that transparent huge pages in `madvise` mode
-    back it; the same bytes."""
+@pytest.mark.parametrize(("qtype", "rows"), [(T.Q8_0, 130), (T.Q8_0, 4100), (T.Q8_0, 62000), (T.Q5_0, 4100)], ids=str)
+def test_int8g_and_int5_weights_are_packed_onto_huge_pages(qtype: GGMLQuantizationType, rows: int) -> None:
+    """A decode step streams every weight: an int8g or int5 one (the kernels that stream at the memory's rate) of
+    64 KiB or more lies in a 2 MiB-aligned map advised MADV_HUGEPAGE (VmFlags `hg`), a map of its own from
+    32 MiB, so that transparent huge pages in `madvise` mode back it; the same bytes."""
     if rows < 10_000:
-        compiled, oracle = _both_ways((T.Q8_0,), (rows,))  # int8g: 544 bytes a row
+        compiled, oracle = _both_ways((qtype,), (rows,))  # int8g: 544 bytes a row; int5: 384
         _assert_same(compiled, oracle)
     else:
-        blocks = random_blocks(T.Q8_0, rows, COLS)
-        compiled = pack_ggml_blocks(
-            [BlockRows(blocks, int(T.Q8_0))], np.arange(rows), COLS, block_plan((T.Q8_0,), COLS)
-        )
+        blocks = random_blocks(qtype, rows, COLS)
+        compiled = pack_ggml_blocks([BlockRows(blocks, int(qtype))], np.arange(rows), COLS, block_plan((qtype,), COLS))
         assert compiled is not None
-        last = torch.from_numpy(decode(blocks[-1:], T.Q8_0, 1, COLS).dequantize())
+        last = torch.from_numpy(decode(blocks[-1:], qtype, 1, COLS).dequantize())
         assert torch.equal(compiled.rows(torch.tensor([rows - 1])), last)
     packed = vars(compiled)["packed"]
     start, flags = _mapping(packed.data_ptr())
