@@ -234,13 +234,9 @@ def _load_gguf(gguf_file: Path, config: EngineConfig, template: str | None) -> t
     """The model and the tokenizer of a GGUF file; its metadata (Gemma's 262,144 tokens and scores as Python
     lists, ~40 MB) and its memory map go when this returns, before the KV cache is allocated.
 
-    NOTE: the tokenizer is built after the weights, not beside them on a thread: the packer and the KV cache's
-    allocation run OpenMP regions on both cores and the tokenizer holds the GIL (Python, then 0.5-1 s in Rust
-    for Gemma's 262,144 tokens); together they took longer than one after the other (measured on 2 cores:
-    Gemma's weights 1.5 -> 2.9 s, its tokenizer 2.7 -> 5.4 s; with the packer on one thread, no faster; again
-    with the compiled packer: 1.45-2.1 s against 1.4-1.6 s, and a peak 30-110 MB higher). Nor before them: its
-    load peak was 12 MB lower, but after 17 requests the server held 30-70 MB more (Gemma 3 270M, Qwen2.5-Coder
-    0.5B; the C heap laid out otherwise)."""
+    NOTE: the tokenizer comes after the weights. Beside them on a thread (OpenMP on both cores against the GIL)
+    the two took longer than one after the other and peaked 30-110 MB higher; before them, the load peaked 12 MB
+    lower but the server held 30-70 MB more after its first 17 requests (Gemma 3 270M, Qwen2.5-Coder 0.5B)."""
     source = open_source(gguf_file)
     model = load_gguf_model(source, config)
     return model, gguf_tokenizer(source, template), source.name
@@ -261,11 +257,9 @@ def _load_directory_and_tokenizer(
 
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a model loads (the collector left as it was found).
-
-    NOTE: a load allocates millions of objects (a vocabulary's strings and dicts, Gemma's 514,906 merges), none
-    of them cyclic garbage, and each full pass of the collector walks every live object, torch's modules
-    included: 0.4-0.6 s of Gemma's 1.4-2.2 s tokenizer on 2 cores."""
+    """No cyclic garbage collection while a model loads (the collector left as it was found). NOTE: a load makes
+    millions of objects (Gemma's vocabulary, its 514,906 merges) and no cyclic garbage, and each full pass walks
+    every live object, torch's modules included: 0.4-0.6 s of Gemma's 1.4-2.2 s tokenizer on 2 cores."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -276,10 +270,9 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _return_freed_memory() -> None:
-    """Hand the C heap's free memory back to the system (glibc's `malloc_trim`; a no-op elsewhere).
-
-    NOTE: the load's transient objects (the metadata's lists, the tokenizer's vocabulary and merges on their way
-    into Rust) leave free memory in the heap that glibc keeps and the process's RSS counts: 20-30 MB."""
+    """The C heap's free memory back to the system (glibc's `malloc_trim`; a no-op elsewhere). NOTE: the load's
+    transient objects (the metadata's lists, a vocabulary and merges on their way into Rust) leave free memory
+    that glibc keeps and the process's RSS counts: 10-30 MB."""
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc

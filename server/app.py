@@ -256,7 +256,8 @@ async def serve(config: ServerConfig) -> int:
 def collect_from_now_on() -> None:
     """The cyclic garbage collector back on once SERVING (the command line pauses it for the start-up), with
     every object alive by then (modules, the model, the tokenizer) frozen out of its later passes: NOTE: a full
-    pass over them takes tens of milliseconds, a stall of the event loop or of a step each time."""
+    pass over them took 0.18 s (Gemma 3 270M: 335k objects, 7.5k of them start-up garbage, left frozen), a stall
+    of the event loop or of a step each time."""
     gc.freeze()
     gc.enable()
 
@@ -267,8 +268,8 @@ async def start_gateway(server: InferenceServer) -> GatewayServer | None:
     config = server.config
     if config.http_port is None:
         return None
-    # NOTE: here, not at the top: a server without the gateway never imports it (0.4 s of start-up; the settings
-    # read only gateway.origins)
+    # NOTE: here, not at the top: a server without the gateway never imports it (0.1-0.4 s of start-up; the
+    # settings read only gateway.origins)
     from infer.server.gateway.app import GatewayConfig, GatewayServer
     from infer.server.gateway.guard import HttpLimits
     from infer.server.gateway.origins import parse_origins

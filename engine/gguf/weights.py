@@ -346,7 +346,7 @@ def _num_bytes(parts: Sequence[_Part]) -> int:
 
 def drop_all_pages(tensors: Sequence[FileTensor]) -> None:
     """The whole file's pages out of this process: NOTE: reading a tensor maps its neighbours' cached pages too
-    (the kernel's fault-around, 64 KiB), which the tensor-by-tensor drops before it did not cover."""
+    (the kernel's fault-around), which the tensor-by-tensor drops do not cover (~6 MB of Gemma 3 270M's file)."""
     for file_map in {id(t.pages[0]): t.pages[0] for t in tensors if t.pages is not None}.values():
         with contextlib.suppress(OSError, ValueError):  # advice only, as in `drop_pages`
             file_map.madvise(mmap.MADV_DONTNEED)
