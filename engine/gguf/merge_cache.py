@@ -46,11 +46,18 @@ def cached_merges(ids: Mapping[str, int], scores: Mapping[str, float], rebuild: 
 
 def _key(ids: Mapping[str, int], scores: Mapping[str, float]) -> str:
     key = hashlib.sha256(HEADER)
-    for names, numbers in ((ids.keys(), array("q", ids.values())), (scores.keys(), array("d", scores.values()))):
-        key.update(array("q", map(len, names)).tobytes())  # NOTE: the lengths make the joined text unambiguous
-        key.update("".join(names).encode("utf-8", "surrogatepass"))
+    id_names, score_names = list(ids), list(scores)
+    id_text = _spelled(id_names)
+    score_text = id_text if score_names == id_names else _spelled(score_names)  # NOTE: mostly the same tokens
+    for text, numbers in ((id_text, array("q", ids.values())), (score_text, array("d", scores.values()))):
+        key.update(text)
         key.update(numbers.tobytes())
     return key.hexdigest()
+
+
+def _spelled(names: list[str]) -> bytes:
+    """The names' lengths, then their text: NOTE: the lengths make the joined text unambiguous."""
+    return array("q", map(len, names)).tobytes() + "".join(names).encode("utf-8", "surrogatepass")
 
 
 def _read(path: Path, ids: Mapping[str, int]) -> Merges | None:

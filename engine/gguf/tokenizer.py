@@ -19,6 +19,7 @@ from itertools import groupby, repeat
 from operator import itemgetter, neg
 from typing import Any
 
+import numpy as np
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
@@ -227,11 +228,11 @@ def _bpe(vocab: GGUFVocab, ids: dict[str, int], merges: list[tuple[str, str]], *
 
 def _add_file_tokens(backend: BackendTokenizer, vocab: GGUFVocab) -> None:
     """Control tokens as special added tokens, user-defined ones as plain added tokens (both keep their ids)."""
-    typed = list(zip(vocab.tokens, vocab.token_types, strict=True))
-    control = [t for t, kind in typed if kind == CONTROL]
+    kinds = np.asarray(vocab.token_types)  # NOTE: numpy picks the few among 262,144 in a millisecond
+    control = [vocab.tokens[i] for i in np.flatnonzero(kinds == CONTROL)]
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
     # a user-defined token the vocabulary spells differently (Gemma's spaces: "  " is "▁▁") is left out
-    user = [t for t, kind in typed if kind == USER_DEFINED and backend.token_to_id(t) is not None]
+    user = [t for i in np.flatnonzero(kinds == USER_DEFINED) if backend.token_to_id(t := vocab.tokens[i]) is not None]
     backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
 
 
