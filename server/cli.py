@@ -141,8 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     is_serve = _command(argv) == "serve"
     if is_serve:
         # NOTE: start-up (torch's import, a vocabulary's strings, merges and dicts) makes millions of objects and
-        # no cyclic garbage, and every full pass of the collector walks all of them: off until SERVING, where
-        # `app.serve` turns it back on (0.2-0.3 s of the imports' CPU time and 0.4-0.6 s of Gemma 3's tokenizer)
+        # little cyclic garbage, and every full pass of the collector walks all of them: off until just after
+        # SERVING, where `app.serve` collects once and turns it back on (0.2-0.3 s of the imports' CPU time and
+        # 0.4-0.6 s of Gemma 3's tokenizer)
         gc.disable()
     try:
         return _run(argv)

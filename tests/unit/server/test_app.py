@@ -6,6 +6,7 @@ import asyncio
 import gc
 import os
 import signal
+import weakref
 from collections.abc import Callable
 
 import grpc
@@ -90,26 +91,33 @@ def test_connection_age_settings_become_grpc_channel_args() -> None:
     assert "grpc.max_connection_age_ms" not in options and "grpc.max_connection_age_grace_ms" not in options
 
 
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
 def test_serve_turns_the_collector_back_on_once_serving(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`infer serve` starts with the collector paused (cli.main); SERVING turns it back on, with everything alive
-    then (modules, model, tokenizer) frozen out of its later passes."""
+    """`infer serve` starts with the collector paused (cli.main); shortly after SERVING it is back on: the
+    start-up's garbage collected, everything alive then (modules, model, tokenizer) frozen out of its passes."""
     monkeypatch.setattr(app.AsyncEngine, "from_config", lambda config: _failing_engine(lambda runner: None))
     load, seen = InferenceServer.load, []
 
     async def load_then_stop(server: InferenceServer) -> None:
         await load(server)
 
-        def check_then_stop() -> None:  # after serve's own steps that follow the load
-            seen.append((gc.isenabled(), gc.get_freeze_count() > 0))
+        def check_then_stop() -> None:  # after the collection serve schedules once SERVING
+            seen.append((gc.isenabled(), gc.get_freeze_count() > 0, garbage() is None))
             os.kill(os.getpid(), signal.SIGTERM)
 
-        asyncio.get_running_loop().call_soon(check_then_stop)
+        asyncio.get_running_loop().call_later(0.2, check_then_stop)
 
     monkeypatch.setattr(InferenceServer, "load", load_then_stop)
+    monkeypatch.setattr(app, "COLLECT_AFTER_SERVING_S", 0.05)
     gc.disable()
+    garbage = weakref.ref(_Cycle())  # a cycle of the start-up, unreachable
     try:
         assert asyncio.run(asyncio.wait_for(serve(_config()), timeout=60)) == 0
     finally:
         gc.enable()
         gc.unfreeze()
-    assert seen == [(True, True)]
+    assert seen == [(True, True, True)]
