@@ -27,9 +27,10 @@
 // unsigned) gives sum q * xq = 256 sum q * xh + sum xl * q, each a vpdpbusd of 64 products: 3 operations per
 // 128 weights for the unpack where the pairs took 8, the same integer dot. int5 too where vpmultishiftqb is
 // (AVX-512 VBMI): it moves each fifth bit from the lane to bit 4 of its k's byte, and one ternary-logic op ors
-// it in (8 operations per 128 weights where the pairs took 20). A thread
-// owns whole strips; rows go through in register tiles of 1-8, each row the same sequence of operations
-// whatever the tile, the thread or the number of rows in the call (batch invariance). With AVX2 only, the same
+// it in (8 operations per 128 weights where the pairs took 20). Bytes take register tiles of up to 4 rows
+// (decode), pairs larger ones (prefill; `kBytesRows`). A thread owns whole strips; rows go through in register
+// tiles of 1-8, each row the same integers and the same fp32 operations whatever the tile, the thread or the
+// number of rows in the call (batch invariance). With AVX2 only, the same
 // integers and the same fp32 epilogue come from two halves of 8 channels (vpmaddwd, tiles of 1-3 rows), and
 // elsewhere from plain loops.
 // NOTE: the step max|x| / 32767 is 258x finer than int8's (Q8_1's max|x| / 127, tried first: a group holding
@@ -253,6 +254,17 @@ struct FifthShifts {
 constexpr FifthShifts kFifthShifts{};
 
 // int4's (and int5's) integer dots of a group by bytes: dot[r] = sum_k xq_k * q_ck, the pairs' integers
+// NOTE: bytes (vpdpbusd) take a tile of up to 4 rows, int16 pairs (vpdpwssd) a larger one: the bytes' two sums a
+// row (hi and lo) and their final combine cost more than the pairs' unpack saves once the unpack is shared by 5+
+// rows (one [8960 x 1536] int4 weight at 2 threads: 4 rows 0.39 -> 0.33 ms by bytes, 8 rows 0.73 -> 0.94 ms, 256
+// rows 39 -> 51 ms: the prefill's tiles). The integer dots are the same either way, so a row's result does not
+// depend on its tile.
+constexpr int kBytesRows = 4;
+template <int Bits>
+constexpr bool by_bytes(int rows) {
+  return (Bits == 4 || kInt5Bytes) && rows <= kBytesRows;
+}
+
 template <int Bits, int R>
 inline void dot_by_bytes(const Problem& P, const uint8_t* block, int64_t m0, int64_t g, __m512i* dot) {
   const int64_t groups = P.K / kGroup;
@@ -298,17 +310,17 @@ void tile(const Problem& P, const uint8_t* strip, int64_t m0, int64_t n0) {
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t *block = group_block<Scale, Bits>(strip, g), *head = group_head<Scale, Bits>(strip, g);
     __m512i dot[R];
-    if constexpr (Bits == 4 || kInt5Bytes) {
+    if constexpr (by_bytes<Bits>(R)) {
       dot_by_bytes<Bits, R>(P, block, m0, g, dot);
-    } else {  // int5 without VBMI: pairs of int16
+    } else {  // pairs of int16: tiles of 5-8 rows, and int5 without VBMI
       const int32_t* xq = P.xq + m0 * row_pairs;
       for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
-      const __m512i high = _mm512_loadu_si512(block + kNibbleBytes);
+      const __m512i high = Bits == 5 ? _mm512_loadu_si512(block + kNibbleBytes) : _mm512_setzero_si512();
       const auto pairs = [&](auto jc, auto pc) {
         constexpr int j = decltype(jc)::value, p = decltype(pc)::value;
         const __m512i raw = _mm512_loadu_si512(block + 64 * j);  // lane c: channel c's 4 bytes
-        const __m512i w = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(raw, 4 * p), low4),
-                                          fifth_bits<4 * j + p>(high));  // two k a lane, int16 each
+        __m512i w = _mm512_and_si512(_mm512_srli_epi32(raw, 4 * p), low4);  // two k a lane, int16 each
+        if constexpr (Bits == 5) w = _mm512_or_si512(w, fifth_bits<4 * j + p>(high));
         for (int r = 0; r < R; ++r)
           dot[r] = dot_pairs(dot[r], w, _mm512_set1_epi32(xq[r * row_pairs + g * kPairs + 4 * j + p]));
       };
@@ -493,14 +505,19 @@ at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& packed, const c
     thread_local std::vector<int32_t> xq, xb;
     thread_local std::vector<float> xs, xsum;
 #ifdef INFER_INT4_AVX512
-    constexpr bool kBytes = Bits == 4 || kInt5Bytes;  // bytes multiplied (dot_by_bytes)
+    // which forms of the inputs the row tiles read: bytes (dot_by_bytes) for tiles of up to kBytesRows rows, pairs
+    // for larger ones (a tile is kTileRows rows, the last one what is left)
+    const int64_t last_tile = M % kTileRows ? M % kTileRows : kTileRows;
+    const int first_tile = static_cast<int>(std::min<int64_t>(M, kTileRows));
+    const bool pairs = !by_bytes<Bits>(first_tile) || !by_bytes<Bits>(static_cast<int>(last_tile));
+    const bool bytes = by_bytes<Bits>(first_tile) || by_bytes<Bits>(static_cast<int>(last_tile));
 #else
-    constexpr bool kBytes = false;
+    const bool pairs = true, bytes = false;
 #endif
-    xq.resize(kBytes ? 0 : M * (K / 2)), xb.resize(kBytes ? M * groups * 16 : 0);
+    xq.resize(pairs ? M * (K / 2) : 0), xb.resize(bytes ? M * groups * 16 : 0);
     xs.resize(M * groups), xsum.resize(M * groups);
     const float* xp_data = xp.const_data_ptr<float>();
-    int32_t *xq_data = kBytes ? nullptr : xq.data(), *xb_data = kBytes ? xb.data() : nullptr;
+    int32_t *xq_data = pairs ? xq.data() : nullptr, *xb_data = bytes ? xb.data() : nullptr;
     float *xs_data = xs.data(), *xsum_data = xsum.data();
     const auto quantize = [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m)
