@@ -9,6 +9,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
+
 namespace infer_cpu {
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
@@ -71,5 +75,17 @@ inline float exp_nonpositive(float x) {
   std::memcpy(&two_n, &bits, sizeof two_n);
   return x < -87.f ? 0.f : p * two_n;
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// acc + sum of 4 products of unsigned bytes of a by signed bytes of b, a 32-bit lane each (int4's and int6's
+// integer dots: vpdpbusd, or vpmaddubsw + vpmaddwd without VNNI, no saturation for their operands)
+inline __m512i dot_bytes(__m512i acc, __m512i a, __m512i b) {
+#ifdef __AVX512VNNI__
+  return _mm512_dpbusd_epi32(acc, a, b);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), _mm512_set1_epi16(1)));
+#endif
+}
+#endif
 
 }  // namespace infer_cpu

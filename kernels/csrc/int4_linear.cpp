@@ -221,15 +221,6 @@ inline __m512i fifth_bits(__m512i high) {
   else return _mm512_and_si512(_mm512_slli_epi32(high, 4 - I), at4);
 }
 
-// acc + sum of 4 products of unsigned bytes of a by signed bytes of b, a 32-bit lane each
-inline __m512i dot_bytes(__m512i acc, __m512i a, __m512i b) {
-#ifdef __AVX512VNNI__
-  return _mm512_dpbusd_epi32(acc, a, b);
-#else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), _mm512_set1_epi16(1)));
-#endif
-}
-
 #ifdef __AVX512VBMI__
 constexpr bool kInt5Bytes = true;  // int5 by bytes too: vpmultishiftqb moves its fifth bits
 #else

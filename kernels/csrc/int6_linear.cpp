@@ -113,15 +113,6 @@ inline void store_row(const Problem& P, int64_t m, int64_t n0, const float* acc)
 }
 
 #ifdef INFER_INT6_AVX512
-// acc + sum of 4 products of unsigned bytes of a by signed bytes of b, a 32-bit lane each
-inline __m512i dot_bytes(__m512i acc, __m512i a, __m512i b) {
-#ifdef __AVX512VNNI__
-  return _mm512_dpbusd_epi32(acc, a, b);
-#else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), _mm512_set1_epi16(1)));
-#endif
-}
-
 // a group's codes as bytes: quad q (k 4q..4q+3) of channel c in lane c of codes[q]
 inline void unpack(const uint8_t* block, __m512i* codes) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
