@@ -50,47 +50,51 @@ inline __m512 reduce16(const __m512* p) {
   return _mm512_permutexvar_ps(order, f);
 }
 
-// One query row's online-softmax update over keys [t0, t1) (fp32 rows, strided), 16 keys at a time.
-// q: [16 * C] pre-scaled; acc: [16 * C]; softcap 0: off.
+// One query row's scores for keys [j0, j0 + n) (n <= 16, fp32 rows, strided), -inf past n.
+// q: [16 * C] pre-scaled; softcap 0: off.
 template <int C>
-void attend_row_x16(const float* q, float* acc, float& m, float& l, const float* k, int64_t k_stride,
-                    const float* v, int64_t v_stride, int64_t t0, int64_t t1, float softcap) {
-  __m512 qv[C], av[C];
+inline __m512 scores_x16(const float* q, const float* k, int64_t k_stride, int64_t j0, int n, float softcap) {
+  __m512 qv[C];
   for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
-  for (int c = 0; c < C; ++c) av[c] = _mm512_loadu_ps(acc + 16 * c);
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t j0 = t0; j0 < t1; j0 += 16) {
-    const int n = static_cast<int>(std::min<int64_t>(16, t1 - j0));
-    __m512 part[16];
-    for (int t = 0; t < 16; ++t) {
-      part[t] = _mm512_setzero_ps();
-      if (t >= n) continue;
-      const float* kr = k + (j0 + t) * k_stride;
-      for (int c = 0; c < C; ++c) part[t] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), part[t]);
-    }
-    __m512 s = reduce16(part);  // [16] scores
+  __m512 part[16];
+  for (int t = 0; t < 16; ++t) {
+    part[t] = _mm512_setzero_ps();
+    if (t >= n) continue;
+    const float* kr = k + (j0 + t) * k_stride;
+    for (int c = 0; c < C; ++c) part[t] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), part[t]);
+  }
+  __m512 s = reduce16(part);  // [16] scores
+  if (softcap > 0.f) {
     alignas(64) float w[16];
-    if (softcap > 0.f) {
-      _mm512_store_ps(w, s);
-      for (int t = 0; t < 16; ++t) w[t] = softcap * std::tanh(w[t] / softcap);
-      s = _mm512_load_ps(w);
-    }
-    s = _mm512_mask_blend_ps(static_cast<__mmask16>((1u << n) - 1), neg_inf, s);
-    const float new_m = std::max(m, _mm512_reduce_max_ps(s));
-    if (new_m > m) {
-      const float correction = exp_nonpositive(m - new_m);  // 0 when m is -inf
-      l *= correction;
-      for (int c = 0; c < C; ++c) av[c] = _mm512_mul_ps(av[c], _mm512_set1_ps(correction));
-      m = new_m;
-    }
-    const __m512 p = exp_nonpositive_x16(_mm512_sub_ps(s, _mm512_set1_ps(new_m)));
-    l += _mm512_reduce_add_ps(p);
-    _mm512_store_ps(w, p);
-    for (int t = 0; t < n; ++t) {
-      const float* vr = v + (j0 + t) * v_stride;
-      const __m512 pt = _mm512_set1_ps(w[t]);
-      for (int c = 0; c < C; ++c) av[c] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(vr + 16 * c), av[c]);
-    }
+    _mm512_store_ps(w, s);
+    for (int t = 0; t < 16; ++t) w[t] = softcap * std::tanh(w[t] / softcap);
+    s = _mm512_load_ps(w);
+  }
+  return _mm512_mask_blend_ps(static_cast<__mmask16>((1u << n) - 1),
+                              _mm512_set1_ps(-std::numeric_limits<float>::infinity()), s);
+}
+
+// One query row's online-softmax update with the scores `s` of keys [j0, j0 + n): m, l and acc [16 * C].
+template <int C>
+inline void accumulate_x16(__m512 s, int n, float* acc, float& m, float& l, const float* v, int64_t v_stride,
+                           int64_t j0) {
+  __m512 av[C];
+  for (int c = 0; c < C; ++c) av[c] = _mm512_loadu_ps(acc + 16 * c);
+  const float new_m = std::max(m, _mm512_reduce_max_ps(s));
+  if (new_m > m) {
+    const float correction = exp_nonpositive(m - new_m);  // 0 when m is -inf
+    l *= correction;
+    for (int c = 0; c < C; ++c) av[c] = _mm512_mul_ps(av[c], _mm512_set1_ps(correction));
+    m = new_m;
+  }
+  const __m512 p = exp_nonpositive_x16(_mm512_sub_ps(s, _mm512_set1_ps(new_m)));
+  l += _mm512_reduce_add_ps(p);
+  alignas(64) float w[16];
+  _mm512_store_ps(w, p);
+  for (int t = 0; t < n; ++t) {
+    const float* vr = v + (j0 + t) * v_stride;
+    const __m512 pt = _mm512_set1_ps(w[t]);
+    for (int c = 0; c < C; ++c) av[c] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(vr + 16 * c), av[c]);
   }
   for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + 16 * c, av[c]);
 }

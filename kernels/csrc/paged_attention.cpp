@@ -28,6 +28,8 @@ namespace infer_cpu {
 namespace {
 
 constexpr int64_t kQueryChunk = 16;  // query tokens per work item of a prefill chunk
+constexpr int64_t kPrefetchBlocks = 2;
+constexpr int kPrefetchLocality = 2;
 
 struct Layout {
   int64_t num_heads, num_kv_heads, head_dim, block_size, max_blocks;
@@ -45,7 +47,8 @@ struct WorkItem {
 
 // Per-thread scratch for one item: rows = chunk tokens x group heads.
 struct Scratch {
-  std::vector<float> q, acc, m, l, scores, k_tile, v_tile;
+  std::vector<float> q, acc, m, l, scores, k_tile, v_tile, row_scores;  // row_scores: [rows][16] (AVX-512 tiles)
+  std::vector<int64_t> row_first, row_count;                            // [rows]: a row's keys in the chunk
   void resize(int64_t rows, int64_t head_dim, int64_t block_size) {
     q.resize(rows * head_dim);
     acc.assign(rows * head_dim, 0.f);
@@ -54,8 +57,23 @@ struct Scratch {
     scores.resize(block_size);
     k_tile.resize(block_size * head_dim);
     v_tile.resize(block_size * head_dim);
+    row_scores.resize(rows * 16);
+    row_first.resize(rows);
+    row_count.resize(rows);
   }
 };
+
+// n cache rows of one KV head (head_dim values each, `stride` apart) towards the cache: the next block's, read
+// while this one is computed (a block sits anywhere in the cache, past the hardware prefetcher's streams: a
+// decode at 1,000 tokens of context waited on memory for 2/3 of its time)
+template <typename T>
+inline void prefetch_rows(const T* first, int64_t stride, int64_t n, int64_t head_dim) {
+  const int64_t bytes = head_dim * static_cast<int64_t>(sizeof(T));
+  for (int64_t t = 0; t < n; ++t) {
+    const char* row = reinterpret_cast<const char*>(first + t * stride);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, kPrefetchLocality);
+  }
+}
 
 // n cache rows of one KV head as fp32 rows: in place for fp32, converted into `tile` for bf16.
 template <typename T>
@@ -98,6 +116,45 @@ inline void attend_row(const Layout& L, const float* q, float* acc, float& m, fl
   }
 }
 
+// where a row's visible keys are within a tile: rows r = token * heads + g from position pos_begin
+struct RowSpan {
+  int64_t pos_begin, heads, t_begin, t_end;
+};
+
+#if defined(__AVX512F__)
+// Every row's online-softmax update over one tile of keys [t_begin, t_end), in phases: each row's scores of its
+// next chunk of up to 16 keys, then each row's softmax and values. The rows are independent, so one row's
+// latency chain (scores -> max -> exp -> the value sums) overlaps the next row's work: the rows of one KV head
+// (GQA's query heads, a speculative step's tokens) took ~700 cycles a row and chunk one at a time. A row's
+// chunks start at its first visible key, in order: each row the same operations as alone.
+template <int C>
+void attend_tile_x16(const Layout& L, Scratch& S, int64_t rows, const RowSpan& span, const float* k,
+                     int64_t k_stride, const float* v, int64_t v_stride) {
+  const int64_t D = L.head_dim;
+  for (int64_t chunk = 0;; chunk += 16) {
+    bool any = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t pos = span.pos_begin + r / span.heads;  // visible keys: (pos - window, pos]
+      const int64_t row_lo = L.window > 0 ? std::max(span.t_begin, pos - L.window + 1) : span.t_begin;
+      const int64_t row_hi = std::min(span.t_end, pos + 1);
+      const int64_t j0 = row_lo - span.t_begin + chunk, t1 = row_hi - span.t_begin;
+      S.row_count[r] = row_lo < row_hi && j0 < t1 ? std::min<int64_t>(16, t1 - j0) : 0;
+      if (S.row_count[r] == 0) continue;
+      S.row_first[r] = j0;
+      const __m512 s = scores_x16<C>(S.q.data() + r * D, k, k_stride, j0, static_cast<int>(S.row_count[r]), L.softcap);
+      _mm512_storeu_ps(S.row_scores.data() + 16 * r, s);
+      any = true;
+    }
+    if (!any) return;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (S.row_count[r] == 0) continue;
+      accumulate_x16<C>(_mm512_loadu_ps(S.row_scores.data() + 16 * r), static_cast<int>(S.row_count[r]),
+                        S.acc.data() + r * D, S.m[r], S.l[r], v, v_stride, S.row_first[r]);
+    }
+  }
+}
+#endif
+
 template <typename T>
 void run_item(const Layout& L, const WorkItem& w, const T* query, const T* k_cache, const T* v_cache,
               const int32_t* block_table, int64_t first_token, int64_t first_pos, T* out, Scratch& S) {
@@ -118,9 +175,22 @@ void run_item(const Layout& L, const WorkItem& w, const T* query, const T* k_cac
     const int64_t phys = block_table[blk];
     const int64_t t_begin = std::max(lo, blk * BS), t_end = std::min(pos_last + 1, (blk + 1) * BS);
     const int64_t first = (phys * BS + (t_begin - blk * BS)) * row_stride + w.kv_head * D;
+    if (blk + kPrefetchBlocks <= pos_last / BS) {
+      const int64_t next = block_table[blk + kPrefetchBlocks] * BS * row_stride + w.kv_head * D;
+      prefetch_rows(k_cache + next, row_stride, BS, D);
+      prefetch_rows(v_cache + next, row_stride, BS, D);
+    }
     int64_t k_stride, v_stride;
     const float* k = rows_as_float(k_cache + first, row_stride, t_end - t_begin, D, S.k_tile.data(), &k_stride);
     const float* v = rows_as_float(v_cache + first, row_stride, t_end - t_begin, D, S.v_tile.data(), &v_stride);
+#if defined(__AVX512F__)
+    if (D == 64 || D == 128) {
+      const RowSpan span{pos_begin, heads, t_begin, t_end};
+      if (D == 64) attend_tile_x16<4>(L, S, rows, span, k, k_stride, v, v_stride);
+      else attend_tile_x16<8>(L, S, rows, span, k, k_stride, v, v_stride);
+      continue;
+    }
+#endif
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t pos = pos_begin + r / heads;  // visible keys: (pos - window, pos]
       const int64_t row_lo = L.window > 0 ? std::max(t_begin, pos - L.window + 1) : t_begin;
@@ -129,16 +199,6 @@ void run_item(const Layout& L, const WorkItem& w, const T* query, const T* k_cac
       float* q = S.q.data() + r * D;
       float* acc = S.acc.data() + r * D;
       const int64_t t0 = row_lo - t_begin, t1 = row_hi - t_begin;
-#if defined(__AVX512F__)
-      if (D == 64) {
-        attend_row_x16<4>(q, acc, S.m[r], S.l[r], k, k_stride, v, v_stride, t0, t1, L.softcap);
-        continue;
-      }
-      if (D == 128) {
-        attend_row_x16<8>(q, acc, S.m[r], S.l[r], k, k_stride, v, v_stride, t0, t1, L.softcap);
-        continue;
-      }
-#endif
       attend_row(L, q, acc, S.m[r], S.l[r], k, k_stride, v, v_stride, t0, t1, S.scores.data());
     }
   }
