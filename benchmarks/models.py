@@ -67,7 +67,11 @@ THREADS, SLOTS, BLOCK_TOKENS = 2, 16, 16
 TEXT = Path(__file__).with_name("perplexity_text.txt").read_text(encoding="utf-8").strip()
 PERPLEXITY_CTX = 512  # tokens a chunk (each scored on its second half), as `llama-perplexity -c`
 CONTEXT_TOKENS = 4096  # llama-server's -c: one pool for its 16 slots; infer's KV cache holds as many tokens
-SPECULATIVE_TOKENS = 4  # drafts per step, benchmarks/speculative.py's default --k
+# NOTE: drafts per step, at most (each request's drafts then adapt to what is accepted): 8, not
+# benchmarks/speculative.py's 4: a verify step of up to 9 rows is compute-bound on 2 cores (8.5 ms a row at
+# 1.5B) but the copy-heavy edits accept long runs: Qwen2.5-Coder 1.5B's code-editing decode 34-40 tok/s at 4,
+# 40-45 at 8, higher in each of 5 alternated offline runs
+SPECULATIVE_TOKENS = 8
 LLAMA_NGRAM_FLAGS = ("--spec-type", "ngram-simple")  # llama.cpp's draftless n-gram speculation, its own defaults
 RANDOM_ID_LIMIT = 32_000  # random prompt ids in [FIRST_ID, this): ordinary tokens of each vocabulary here
 INFER, LLAMA, LLAMA_NGRAM = "infer", "llama", "llama+ngram"
