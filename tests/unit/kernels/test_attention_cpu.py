@@ -40,9 +40,9 @@ def test_mixed_decode_and_prefill_in_one_call(dtype: torch.dtype) -> None:
     check(make_batch(query_lens, seq_lens, Shape(4, 2, 64, dtype=dtype)), AttentionSpec(scale=0.125))
 
 
-# head_dim 64 and 128 take the AVX-512 inner loop where the build has it; 80 and 32 the plain loops
+# head_dim 64, 128 and 256 take the AVX-512 inner loop where the build has it; 80 and 32 the plain loops
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(2, 2), (9, 3), (8, 1)])
-@pytest.mark.parametrize("head_dim", [32, 64, 80, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 128, 256])
 def test_gqa_ratios_and_head_dims(num_heads: int, num_kv_heads: int, head_dim: int) -> None:
     shape = Shape(num_heads, num_kv_heads, head_dim)
     check(make_batch([1, 7, 1, 40], [20, 25, 5, 70], shape, seed=head_dim + num_heads), AttentionSpec(scale=0.1))

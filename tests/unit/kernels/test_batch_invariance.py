@@ -159,8 +159,9 @@ def test_rotary_rows_do_not_depend_on_the_row_count(
 
 
 # (heads, KV heads, head_dim): GQA 3; one KV head of 4 (Gemma 3: a decode alone is split between the threads by
-# its query heads, beside others it is not), at the plain loops' head_dim 256 and the AVX-512 loop's 128
-ATTENTION_SHAPES = [(9, 3, 64), (4, 1, 256), (4, 1, 128)]
+# its query heads, beside others it is not), at the AVX-512 loop's head_dim 256 (Gemma 3's) and 128 and the plain
+# loops' 80
+ATTENTION_SHAPES = [(9, 3, 64), (4, 1, 256), (4, 1, 128), (4, 1, 80)]
 
 
 @pytest.mark.parametrize("shape", ATTENTION_SHAPES, ids=lambda s: "x".join(map(str, s)))
