@@ -7,7 +7,8 @@
 // (codes, per-group scales and minimums, or a K-quant's two levels) into a row buffer, and writes the strip's
 // blocks. The rows of one output may come from several tensors (fused q/k/v, gate/up) of different types, in any
 // order (`order`: llama's interleaved q/k rows put back), so a load reads each file byte once and writes each
-// packed byte once; memory is the packed weight's and a row buffer a thread.
+// packed byte once; memory is the packed weight's and a row buffer a thread. The pairs the files hold (Q4_0, Q4_1,
+// Q4_K -> int4, Q5_0 -> int5, Q6_K -> int6, Q8_0 -> int8g) skip the row buffer (`fast_channel`).
 //
 // Per group of a type, `w = scale * code + minimum` (the table in quants.py): codes in int8, scale and minimum
 // in fp32, or for K-quants d (fp16) times an 8-bit d_sub and m (-dmin) times an 8-bit m_sub. A group of 32 read
@@ -227,6 +228,7 @@ struct Source {
   const uint8_t* data;
   int64_t type, rows, row_bytes, group;
   int shift;  // added to the codes: 16 for int5 from Q5_0 (minimum -16 d), 32 for int6 from Q6_K, else 0
+  bool fast;  // read by fast_channel
 };
 
 // int5's fifth-bit lane: bit of k = 8 j + t (t 0..7) -> lane bit (csrc/int4_linear.cpp): the pairs' order
@@ -310,6 +312,153 @@ bool put_channel(const Plan& P, uint8_t* strip, int64_t c, const Row& row, const
   return ok;
 }
 
+
+// Fast paths: a channel's row straight from the file's blocks into the strip, for the pairs the files hold (Q4_0,
+// Q4_1, Q4_K -> int4; Q5_0 -> int5; Q6_K -> int6; Q8_0 -> int8g), with no row buffer. Codes move as 64-bit words
+// (SWAR): the same instructions and bytes on every x86-64 level, where the generic path below spent its time on
+// one code at a time (perf: the packing lambda's decode and put_codes).
+
+inline uint64_t load64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline uint32_t load32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, sizeof v); }
+
+// 8 source bytes' low (or high) nibbles as int4's 4 bytes: byte b = code b low, code 4 + b high
+inline uint32_t nibble_word(uint64_t w, bool high) {
+  return high ? static_cast<uint32_t>(((w >> 4) & 0x0F0F0F0Fu) | ((w >> 32) & 0xF0F0F0F0u))
+              : static_cast<uint32_t>((w & 0x0F0F0F0Fu) | ((w >> 28) & 0xF0F0F0F0u));
+}
+
+// `words` x 8 codes, the low (or high) nibbles of x's bytes, as channel c's bytes of a group's nibble rows
+inline void put_nibbles(uint8_t* block, int64_t c, const uint8_t* x, bool high, int words) {
+  for (int j = 0; j < words; ++j) store32(block + 64 * j + 4 * c, nibble_word(load64(x + 8 * j), high));
+}
+
+// a byte of fifth bits (codes 8 j + t) -> its two nibbles of int5's lane: low = kPairLow's bits, high = kPairHigh's
+constexpr std::array<uint8_t, 256> lane_nibbles() {
+  std::array<uint8_t, 256> table{};
+  for (int v = 0; v < 256; ++v)
+    for (int p = 0; p < 4; ++p)
+      table[v] |= static_cast<uint8_t>((((v >> kPairLow[p]) & 1) << p) | (((v >> kPairHigh[p]) & 1) << (4 + p)));
+  return table;
+}
+constexpr std::array<uint8_t, 256> kLaneNibbles = lane_nibbles();
+
+// Q5_0's 32 fifth bits (code k at bit k) as channel c's lane (kLaneBit's order)
+inline uint32_t fifth_lane(uint32_t h) {
+  uint32_t lane = 0;
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t t = kLaneNibbles[(h >> (8 * j)) & 255];
+    lane |= (t & 15) << (4 * j) | (t >> 4) << (16 + 4 * j);
+  }
+  return lane;
+}
+
+// a non-K block's scale and minimum into a group's tail, as put_channel stores them
+inline bool put_scales(const Plan& P, uint8_t* tail, int64_t c, float scale, float minimum) {
+  bool ok = put_scale(tail + P.scale_bytes() * c, scale, P.scales);
+  if (P.has_min) ok &= put_scale(tail + P.scale_bytes() * (kStrip + c), minimum, P.scales);
+  return ok;
+}
+
+// whether `fast_channel` reads this source type into this plan
+bool has_fast_path(const Plan& P, int64_t type) {
+  switch (type) {
+    case kQ4_0:
+    case kQ4_1:
+    case kQ4_K: return P.format == kInt4;
+    case kQ5_0: return P.format == kInt5 && P.scales != kTwoLevel;
+    case kQ6_K: return P.format == kInt6;
+    case kQ8_0: return P.format == kInt8g && P.scales != kTwoLevel;
+    default: return false;
+  }
+}
+
+// channel c of a strip from its source row's blocks (a pair `has_fast_path` accepts): put_channel's bytes
+bool fast_channel(const Plan& P, uint8_t* strip, int64_t c, const uint8_t* row, int64_t type) {
+  const TypeInfo t = type_info(type);
+  const int64_t blocks = P.cols / t.block, ub = P.unit_bytes(), gb = P.group_bytes(), cb = P.code_bytes();
+  bool ok = true;
+  switch (type) {
+    case kQ4_0:
+    case kQ4_1:
+    case kQ5_0:
+      for (int64_t k = 0; k < blocks; ++k) {  // int4 / int5: a block is a group is a unit
+        const uint8_t* b = row + k * t.bytes;
+        uint8_t* block = strip + k * ub;
+        const uint8_t* qs = b + (type == kQ4_0 ? 2 : type == kQ4_1 ? 4 : 6);
+        put_nibbles(block, c, qs, false, 2), put_nibbles(block + 128, c, qs, true, 2);
+        const float scale = half_at(b);
+        if (type == kQ5_0) store32(block + 256 + 4 * c, fifth_lane(load32(b + 2)));
+        // Q4_0's minimum -8 d; Q5_0's codes + 16, so -16 d (put_channel's shift)
+        const float minimum = type == kQ4_0 ? scale * -8.f : type == kQ4_1 ? half_at(b + 2) : scale * -16.f;
+        ok &= put_scales(P, block + cb, c, scale, minimum);
+      }
+      break;
+    case kQ8_0:
+      for (int64_t k = 0; k < blocks; ++k) {  // int8g: byte 32 j + 2 c + b holds code 2 j + b, groups of 16 or 32
+        const uint8_t* b = row + k * t.bytes;
+        const float scale = half_at(b);
+        for (int64_t h = 0; h < 32 / P.group; ++h) {
+          uint8_t* block = strip + (k * 32 / P.group + h) * ub;
+          const uint8_t* q = b + 2 + h * P.group;
+          for (int64_t j = 0; j < P.group / 2; ++j) std::memcpy(block + 32 * j + 2 * c, q + 2 * j, 2);
+          ok &= put_scales(P, block + cb, c, scale, 0.f);
+        }
+      }
+      break;
+    case kQ4_K:
+      for (int64_t k = 0; k < blocks; ++k) {  // group g: the low (even g) or high nibbles of qs[32 (g / 2) ...]
+        const uint8_t* b = row + k * t.bytes;
+        int8_t d_sub[8], m_sub[8];
+        k_scale_min(b + 4, d_sub, m_sub);
+        const float d = half_at(b), m = -half_at(b + 2);
+        if (P.scales == kTwoLevel) {
+          uint8_t* unit = strip + k * ub;
+          ok &= put_scale(unit + 2 * c, d, kHalf) & put_scale(unit + 2 * (kStrip + c), m, kHalf);
+          for (int g = 0; g < 8; ++g) {
+            uint8_t* block = unit + P.head_bytes() + g * gb;
+            put_nibbles(block, c, b + 16 + 32 * (g / 2), g % 2, 4);
+            block[cb + c] = static_cast<uint8_t>(d_sub[g]), block[cb + kStrip + c] = static_cast<uint8_t>(m_sub[g]);
+          }
+        } else {
+          for (int g = 0; g < 8; ++g) {
+            uint8_t* block = strip + (k * 8 + g) * ub;
+            put_nibbles(block, c, b + 16 + 32 * (g / 2), g % 2, 4);
+            const float scale = d * static_cast<float>(d_sub[g]), minimum = m * static_cast<float>(m_sub[g]);
+            ok &= put_scales(P, block + cb, c, scale, minimum);
+          }
+        }
+      }
+      break;
+    default:  // kQ6_K -> int6: group g of half h = g / 8 and r = g % 8: low bits from ql[64 h + 16 (r % 4) ...]'s
+              // low (r < 4) or high nibbles, top bits from qh[32 h + 16 (r % 2) ...] >> 2 (r / 2)
+      for (int64_t k = 0; k < blocks; ++k) {
+        const uint8_t* b = row + k * t.bytes;
+        uint8_t* unit = strip + k * ub;
+        ok &= put_scale(unit + 2 * c, half_at(b + 208), kHalf);
+        for (int g = 0; g < 16; ++g) {
+          const int h = g / 8, r = g % 8, f = r / 2;
+          uint8_t* block = unit + P.head_bytes() + g * gb;
+          put_nibbles(block, c, b + 64 * h + 16 * (r % 4), r >= 4, 2);
+          const uint8_t* qh = b + 128 + 32 * h + 16 * (r % 2);
+          uint32_t top = 0;  // byte b: codes 4 quad + b's bits 4-5 at bits 2 quad
+          for (int quad = 0; quad < 4; ++quad) top |= ((load32(qh + 4 * quad) >> (2 * f)) & 0x03030303u) << (2 * quad);
+          store32(block + 128 + 4 * c, top);
+          block[cb + c] = b[192 + g];
+        }
+      }
+  }
+  return ok;
+}
+
 }  // namespace
 
 // parts: each a source tensor's raw blocks (uint8, rows x cols); types: their ggml types; order: [N] int64, the
@@ -342,7 +491,9 @@ at::Tensor ggml_pack(const std::vector<at::Tensor>& parts, const std::vector<int
     const int64_t row_bytes = cols / t.block * t.bytes;
     TORCH_CHECK(raw.numel() % row_bytes == 0, "ggml_pack: part ", i, " is not a whole number of rows");
     const int shift = format == kInt5 && !t.has_min ? 16 : format == kInt6 ? 32 : 0;  // Q5_0's, Q6_K's
-    sources.push_back({raw.const_data_ptr<uint8_t>(), types[i], raw.numel() / row_bytes, row_bytes, t.group, shift});
+    sources.push_back(
+        {raw.const_data_ptr<uint8_t>(), types[i], raw.numel() / row_bytes, row_bytes, t.group, shift, false});
+    sources.back().fast = has_fast_path(P, types[i]);
     total_rows += sources.back().rows;
   }
   const int64_t n = order.numel();
@@ -355,7 +506,11 @@ at::Tensor ggml_pack(const std::vector<at::Tensor>& parts, const std::vector<int
   // pages cost load time here: its 1.1 GB loaded 1.5-2.5 s slower on them (this VM backs a freed 2 MiB block
   // anew)
   const bool huge = format == kInt8g || format == kInt5;
-  auto packed = huge ? huge_page_zeros({strips, units, P.unit_bytes()}) : at::zeros({strips, units, P.unit_bytes()}, at::kByte);
+  // NOTE: every byte of a full strip is written (heads, codes, tails), so int4 and int6 skip at::zeros' pass over
+  // the weight; a last partial strip is zeroed first (its missing channels stay zero). huge_page_zeros costs no
+  // pass: its fresh maps are zero-filled by the kernel as they are touched
+  auto packed = huge ? huge_page_zeros({strips, units, P.unit_bytes()})
+                     : at::empty({strips, units, P.unit_bytes()}, at::kByte);
   uint8_t* out = packed.mutable_data_ptr<uint8_t>();
   std::atomic<bool> ok{true};
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
@@ -363,12 +518,18 @@ at::Tensor ggml_pack(const std::vector<at::Tensor>& parts, const std::vector<int
     row.resize(cols, 16);
     for (int64_t s = begin; s < end; ++s) {
       uint8_t* strip = out + s * units * P.unit_bytes();
+      if ((s + 1) * kStrip > n && !huge) std::memset(strip, 0, units * P.unit_bytes());
       for (int64_t c = 0; c < kStrip && s * kStrip + c < n; ++c) {
         int64_t r = rows[s * kStrip + c];
         size_t i = 0;
         while (r >= sources[i].rows) r -= sources[i++].rows;
         const Source& src = sources[i];
-        decode_row(src.type, src.data + r * src.row_bytes, cols, row);
+        const uint8_t* raw = src.data + r * src.row_bytes;
+        if (src.fast) {
+          if (!fast_channel(P, strip, c, raw, src.type)) ok = false;
+          continue;
+        }
+        decode_row(src.type, raw, cols, row);
         if (!put_channel(P, strip, c, row, src)) ok = false;
       }
     }

@@ -31,6 +31,8 @@ MIXES = [
     (T.Q5_1, T.Q8_0, T.Q5_K),  # int8g groups of 32, fp32, minimums beside symmetric parts
     (T.Q2_K, T.Q3_K, T.Q5_K),  # int8g two-level, groups of 16, minimums beside a symmetric part
     (T.Q6_K, T.Q6_K),  # Q4_K_M files' Q6_K gate/up: int6, two-level
+    (T.Q8_0, T.Q6_K),  # int8g groups of 16, fp32: each Q8_0 block read as two groups
+    (T.Q6_K, T.Q8_0, T.Q4_0),  # the same with minimums (Q8_0's are zero)
 ]
 
 
