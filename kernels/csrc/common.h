@@ -5,6 +5,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +15,21 @@
 #endif
 
 namespace infer_cpu {
+
+// int4 and int5 (kernels/int4.py): the k of each int16 pair's low and high word, in the order a group's pairs are
+// stored: pair 4j + p holds the two ks whose nibbles `(raw >> 4p) & 0x000F000F` put in a lane's low and high word
+// (raw: the group's j-th 64 bytes)
+constexpr int kPairLow[4] = {0, 4, 1, 5}, kPairHigh[4] = {2, 6, 3, 7};
+
+// int5's fifth bits: the bit of a channel's 32-bit lane that holds code k's (the pairs' order: a pair's low word
+// at bit 4j + p, its high word at 16 + 4j + p)
+constexpr std::array<int, 32> int5_lane_bits() {
+  std::array<int, 32> bit{};
+  for (int j = 0; j < 4; ++j)
+    for (int p = 0; p < 4; ++p) bit[8 * j + kPairLow[p]] = 4 * j + p, bit[8 * j + kPairHigh[p]] = 16 + 4 * j + p;
+  return bit;
+}
+constexpr std::array<int, 32> kInt5LaneBit = int5_lane_bits();
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float s = 0.f;

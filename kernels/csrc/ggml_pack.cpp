@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common.h"
 #include "huge_pages.h"
 
 namespace infer_cpu {
@@ -231,16 +232,6 @@ struct Source {
   bool fast;  // read by fast_channel
 };
 
-// int5's fifth-bit lane: bit of k = 8 j + t (t 0..7) -> lane bit (csrc/int4_linear.cpp): the pairs' order
-constexpr int kPairLow[4] = {0, 4, 1, 5}, kPairHigh[4] = {2, 6, 3, 7};
-constexpr std::array<int, 32> lane_bits() {
-  std::array<int, 32> bit{};
-  for (int j = 0; j < 4; ++j)
-    for (int p = 0; p < 4; ++p) bit[8 * j + kPairLow[p]] = 4 * j + p, bit[8 * j + kPairHigh[p]] = 16 + 4 * j + p;
-  return bit;
-}
-constexpr std::array<int, 32> kLaneBit = lane_bits();
-
 // writes one value as the plan stores scales; false when it is not finite there
 inline bool put_scale(uint8_t* p, float v, int64_t scales) {
   if (!std::isfinite(v)) return false;
@@ -263,7 +254,7 @@ inline void put_codes(const Plan& P, uint8_t* block, int64_t c, const int8_t* q,
             static_cast<uint8_t>(((q[8 * j + b] + shift) & 15) | (((q[8 * j + 4 + b] + shift) & 15) << 4));
     if (P.format == kInt5) {  // then channel c's 32-bit lane of fifth bits
       uint32_t lane = 0;
-      for (int k = 0; k < 32; ++k) lane |= static_cast<uint32_t>(((q[k] + shift) >> 4) & 1) << kLaneBit[k];
+      for (int k = 0; k < 32; ++k) lane |= static_cast<uint32_t>(((q[k] + shift) >> 4) & 1) << kInt5LaneBit[k];
       std::memcpy(block + 256 + 4 * c, &lane, sizeof lane);
     } else if (P.format == kInt6) {  // then the top bits: byte 128 + 4 c + b holds k = 4 q + b's at bits 2 q
       for (int b = 0; b < 4; ++b) {
@@ -351,7 +342,7 @@ constexpr std::array<uint8_t, 256> lane_nibbles() {
 }
 constexpr std::array<uint8_t, 256> kLaneNibbles = lane_nibbles();
 
-// Q5_0's 32 fifth bits (code k at bit k) as channel c's lane (kLaneBit's order)
+// Q5_0's 32 fifth bits (code k at bit k) as channel c's lane (kInt5LaneBit's order)
 inline uint32_t fifth_lane(uint32_t h) {
   uint32_t lane = 0;
   for (int j = 0; j < 4; ++j) {
@@ -491,9 +482,8 @@ at::Tensor ggml_pack(const std::vector<at::Tensor>& parts, const std::vector<int
     const int64_t row_bytes = cols / t.block * t.bytes;
     TORCH_CHECK(raw.numel() % row_bytes == 0, "ggml_pack: part ", i, " is not a whole number of rows");
     const int shift = format == kInt5 && !t.has_min ? 16 : format == kInt6 ? 32 : 0;  // Q5_0's, Q6_K's
-    sources.push_back(
-        {raw.const_data_ptr<uint8_t>(), types[i], raw.numel() / row_bytes, row_bytes, t.group, shift, false});
-    sources.back().fast = has_fast_path(P, types[i]);
+    sources.push_back({raw.const_data_ptr<uint8_t>(), types[i], raw.numel() / row_bytes, row_bytes, t.group, shift,
+                       has_fast_path(P, types[i])});
     total_rows += sources.back().rows;
   }
   const int64_t n = order.numel();

@@ -110,10 +110,6 @@ constexpr int kTileRows = 8;  // rows per register tile
 constexpr float kInt16Max = 32767.f;
 constexpr int64_t kQuantizeGrain = 8;                   // rows per task when quantizing in parallel
 
-// the k of each pair's low and high int16, in the order a group's pairs are stored: pair 4j + p holds the
-// two ks whose nibbles `(raw >> 4p) & 0x000F000F` puts in a lane's low and high word (raw: the j-th 64 bytes)
-constexpr int kPairLow[4] = {0, 4, 1, 5}, kPairHigh[4] = {2, 6, 3, 7};
-
 struct Problem {
   int64_t M, N, K;          // K padded to a multiple of 32
   const uint8_t* packed;    // [N_pad / 16][K / 32][block] or [N_pad / 16][K / 256][super-block]
@@ -227,17 +223,14 @@ constexpr bool kInt5Bytes = true;  // int5 by bytes too: vpmultishiftqb moves it
 constexpr bool kInt5Bytes = false;
 #endif
 
-// vpmultishiftqb's offsets that put the fifth bit of k = 8j + 4h + b (lane bit kLaneBit[8j + 4h + b]: a pair's
-// low word at 4j + p, its high word at 16 + 4j + p) at bit 4 of lane byte b, both lanes of a 64-bit element
+// vpmultishiftqb's offsets that put the fifth bit of k = 8j + 4h + b (lane bit kInt5LaneBit[8j + 4h + b]) at bit
+// 4 of lane byte b, both lanes of a 64-bit element
 struct FifthShifts {
   uint64_t at[8];  // [2j + h]
   constexpr FifthShifts() : at() {
-    int bit[32] = {};
-    for (int j = 0; j < 4; ++j)
-      for (int p = 0; p < 4; ++p) bit[8 * j + kPairLow[p]] = 4 * j + p, bit[8 * j + kPairHigh[p]] = 16 + 4 * j + p;
     for (int i = 0; i < 8; ++i)
       for (int b = 0; b < 4; ++b) {
-        const int pos = bit[8 * (i / 2) + 4 * (i % 2) + b];
+        const int pos = kInt5LaneBit[8 * (i / 2) + 4 * (i % 2) + b];
         at[i] |= static_cast<uint64_t>((pos - 4) & 63) << (8 * b) | static_cast<uint64_t>((pos + 28) & 63) << (8 * (4 + b));
       }
   }
