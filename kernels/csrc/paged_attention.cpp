@@ -119,6 +119,12 @@ inline void attend_row(const Layout& L, const float* q, float* acc, float& m, fl
 // where a row's visible keys are within a tile: rows r = token * heads + g from position pos_begin
 struct RowSpan {
   int64_t pos_begin, heads, t_begin, t_end;
+  // row r's visible keys (pos - window, pos] within the tile, as [t0, t1) from t_begin: empty when t0 >= t1
+  void visible(const Layout& L, int64_t r, int64_t* t0, int64_t* t1) const {
+    const int64_t pos = pos_begin + r / heads;
+    *t0 = (L.window > 0 ? std::max(t_begin, pos - L.window + 1) : t_begin) - t_begin;
+    *t1 = std::min(t_end, pos + 1) - t_begin;
+  }
 };
 
 #if defined(__AVX512F__)
@@ -134,11 +140,10 @@ void attend_tile_x16(const Layout& L, Scratch& S, int64_t rows, const RowSpan& s
   for (int64_t chunk = 0;; chunk += 16) {
     bool any = false;
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t pos = span.pos_begin + r / span.heads;  // visible keys: (pos - window, pos]
-      const int64_t row_lo = L.window > 0 ? std::max(span.t_begin, pos - L.window + 1) : span.t_begin;
-      const int64_t row_hi = std::min(span.t_end, pos + 1);
-      const int64_t j0 = row_lo - span.t_begin + chunk, t1 = row_hi - span.t_begin;
-      S.row_count[r] = row_lo < row_hi && j0 < t1 ? std::min<int64_t>(16, t1 - j0) : 0;
+      int64_t t0, t1;
+      span.visible(L, r, &t0, &t1);
+      const int64_t j0 = t0 + chunk;
+      S.row_count[r] = j0 < t1 ? std::min<int64_t>(16, t1 - j0) : 0;
       if (S.row_count[r] == 0) continue;
       S.row_first[r] = j0;
       const __m512 s = scores_x16<C>(S.q.data() + r * D, k, k_stride, j0, static_cast<int>(S.row_count[r]), L.softcap);
@@ -183,9 +188,9 @@ void run_item(const Layout& L, const WorkItem& w, const T* query, const T* k_cac
     int64_t k_stride, v_stride;
     const float* k = rows_as_float(k_cache + first, row_stride, t_end - t_begin, D, S.k_tile.data(), &k_stride);
     const float* v = rows_as_float(v_cache + first, row_stride, t_end - t_begin, D, S.v_tile.data(), &v_stride);
+    const RowSpan span{pos_begin, heads, t_begin, t_end};
 #if defined(__AVX512F__)
     if (D == 64 || D == 128 || D == 256) {  // NOTE: 256 is Gemma 3's (its plain loops took 24% of a 16-row step)
-      const RowSpan span{pos_begin, heads, t_begin, t_end};
       if (D == 64) attend_tile_x16<4>(L, S, rows, span, k, k_stride, v, v_stride);
       else if (D == 128) attend_tile_x16<8>(L, S, rows, span, k, k_stride, v, v_stride);
       else attend_tile_x16<16>(L, S, rows, span, k, k_stride, v, v_stride);
@@ -193,13 +198,11 @@ void run_item(const Layout& L, const WorkItem& w, const T* query, const T* k_cac
     }
 #endif
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t pos = pos_begin + r / heads;  // visible keys: (pos - window, pos]
-      const int64_t row_lo = L.window > 0 ? std::max(t_begin, pos - L.window + 1) : t_begin;
-      const int64_t row_hi = std::min(t_end, pos + 1);
-      if (row_lo >= row_hi) continue;
+      int64_t t0, t1;
+      span.visible(L, r, &t0, &t1);
+      if (t0 >= t1) continue;
       float* q = S.q.data() + r * D;
       float* acc = S.acc.data() + r * D;
-      const int64_t t0 = row_lo - t_begin, t1 = row_hi - t_begin;
       attend_row(L, q, acc, S.m[r], S.l[r], k, k_stride, v, v_stride, t0, t1, S.scores.data());
     }
   }
