@@ -12,6 +12,7 @@ draining replica moves to the others.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import Sequence
@@ -19,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 
-from infer.api import API_KEY_METADATA, SERVICE_NAME, UNARY_METHODS, bearer
+from infer.api import API_KEY_METADATA, SERVICE_NAME, UNARY_METHODS, bearer, pb_grpc
 from infer.api.credentials import read_file as read_file  # NOTE: also the gateway's, from here
 from infer.api.credentials import read_keys as read_keys  # NOTE: also `infer client --api-key-file`'s, from here
 
@@ -124,6 +126,68 @@ def aio_channel(
     return grpc.aio.secure_channel(
         address, tls.credentials(), options=channel_options(address, [*tls.options(), *options])
     )
+
+
+# NOTE: grpc shares one connection among the channels to a target that have the same arguments (its global
+# subchannel pool); a pooled channel keeps its own, or the pool would stack every call on one connection
+OWN_CONNECTIONS = ("grpc.use_local_subchannel_pool", 1)
+
+
+@dataclass(eq=False)
+class Lane:
+    """One channel of a ChannelPool, its stubs, and the calls it carries now."""
+
+    channel: grpc.aio.Channel
+    stub: pb_grpc.InferenceServiceStub
+    health: health_pb2_grpc.HealthStub
+    num_calls: int = 0
+
+
+class ChannelPool:
+    """asyncio channels to one target, opened as calls need them: a call goes on the first channel with fewer than
+    `max_calls` calls in flight, else on a new channel (its own connection). So no call waits behind a server's
+    cap on the concurrent streams of one connection (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS), which would queue
+    it ahead of the server's scheduler. A channel left idle while another is idle too is closed.
+    `max_calls` None: one channel for everything. Opened in the running loop, on first use.
+    """
+
+    def __init__(self, address: str, tls: ClientTls | None = None, max_calls: int | None = None) -> None:
+        if max_calls is not None and max_calls < 1:
+            raise ValueError("max_streams_per_channel: must be >= 1 (or none)")
+        self.address, self.tls, self.max_calls = address, tls, max_calls
+        self.lanes: list[Lane] = []
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def acquire(self) -> Lane:
+        """The channel for one more call; `release` it when the call ends."""
+        lane = next((lane for lane in self.lanes if self.max_calls is None or lane.num_calls < self.max_calls), None)
+        if lane is None:
+            lane = self._open()
+        lane.num_calls += 1
+        return lane
+
+    def release(self, lane: Lane) -> None:
+        lane.num_calls -= 1
+        if lane.num_calls == 0 and lane in self.lanes and sum(other.num_calls == 0 for other in self.lanes) > 1:
+            self.lanes.remove(lane)  # NOTE: one idle channel is kept for the next calls
+            task = asyncio.ensure_future(lane.channel.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    def _open(self) -> Lane:
+        options = [OWN_CONNECTIONS] if self.max_calls is not None else []
+        ch = aio_channel(self.address, self.tls, options)
+        lane = Lane(ch, pb_grpc.InferenceServiceStub(ch), health_pb2_grpc.HealthStub(ch))  # type: ignore[no-untyped-call]
+        self.lanes.append(lane)
+        return lane
+
+    async def close(self) -> None:
+        """Close every channel (their calls end CANCELLED); a later call opens a new one."""
+        lanes, self.lanes = self.lanes, []
+        for lane in lanes:
+            await lane.channel.close()
+        if self._closing:
+            await asyncio.gather(*self._closing)
 
 
 def with_api_key(metadata: Metadata, api_key: str | None) -> Metadata:

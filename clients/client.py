@@ -20,7 +20,15 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from infer.api import DEFAULT_ADDRESS, pb, pb_grpc
-from infer.clients.channel import MAX_ATTEMPTS, ClientTls, aio_channel, channel, retry_backoff_s, with_api_key
+from infer.clients.channel import (
+    MAX_ATTEMPTS,
+    ChannelPool,
+    ClientTls,
+    Lane,
+    channel,
+    retry_backoff_s,
+    with_api_key,
+)
 from infer.clients.types import (
     Chunk,
     Completion,
@@ -180,6 +188,9 @@ class AsyncInferClient:
     Its channel opens on first use, in the running event loop (a grpc.aio channel belongs to the loop it is made
     in): make the client anywhere, use it in one loop. `unary_timeout_s` bounds model_info, tokenize and health
     (default: timeout_s); `metadata` given to a call goes with it (the API key is added unless it carries one).
+    `max_streams_per_channel`: the server's cap on one connection's concurrent streams (its
+    `--max-streams-per-connection`); a call that finds every open channel at the cap opens another channel (its own
+    connection) rather than wait behind the others. None: one channel, whatever the server's cap.
     """
 
     def __init__(
@@ -190,19 +201,16 @@ class AsyncInferClient:
         tls: ClientTls | None = None,
         api_key: str | None = None,
         unary_timeout_s: float | None = None,
+        max_streams_per_channel: int | None = None,
     ) -> None:
         self.address, self.timeout_s, self.tls, self.api_key = address, timeout_s, tls, api_key
         self.unary_timeout_s = timeout_s if unary_timeout_s is None else unary_timeout_s
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: pb_grpc.InferenceServiceStub | None = None
-        self._health: health_pb2_grpc.HealthStub | None = None
+        self.channels = ChannelPool(address, tls, max_streams_per_channel)
 
-    def _stubs(self) -> tuple[pb_grpc.InferenceServiceStub, health_pb2_grpc.HealthStub]:
-        if self._stub is None or self._health is None:
-            self._channel = aio_channel(self.address, self.tls)
-            self._stub = pb_grpc.InferenceServiceStub(self._channel)  # type: ignore[no-untyped-call]
-            self._health = health_pb2_grpc.HealthStub(self._channel)
-        return self._stub, self._health
+    def _lane(self, call: Any, lane: Lane) -> Any:
+        """`call` (started on `lane`) counted on its lane until it ends."""
+        call.add_done_callback(lambda _: self.channels.release(lane))
+        return call
 
     def stream(
         self, request: pb.GenerateRequest, *, timeout_s: float | None = None, metadata: Metadata = ()
@@ -211,9 +219,10 @@ class AsyncInferClient:
 
         NOTE: the channel retries a call refused UNAVAILABLE before its first message (`infer.clients.channel`).
         """
-        stub, _ = self._stubs()
+        lane = self.channels.acquire()
         metadata = with_api_key(metadata, self.api_key)
-        return GenerateStream(stub.Generate(request, timeout=timeout_s or self.timeout_s, metadata=metadata))
+        call = lane.stub.Generate(request, timeout=timeout_s or self.timeout_s, metadata=metadata)
+        return GenerateStream(self._lane(call, lane))
 
     async def generate(
         self,
@@ -238,8 +247,7 @@ class AsyncInferClient:
         return completion
 
     async def model_info(self, *, metadata: Metadata = ()) -> ModelInfo:
-        stub, _ = self._stubs()
-        return ModelInfo.from_proto(await self._unary(stub.GetModelInfo, pb.GetModelInfoRequest(), metadata))
+        return ModelInfo.from_proto(await self._unary("GetModelInfo", pb.GetModelInfoRequest(), metadata))
 
     async def tokenize(
         self,
@@ -252,19 +260,17 @@ class AsyncInferClient:
     ) -> list[int]:
         """Token ids of a text, or of chat messages (and tools) rendered with the model's chat template."""
         options = _tokenize_options(add_special_tokens, add_generation_prompt)
-        stub, _ = self._stubs()
-        return list((await self._unary(stub.Tokenize, tokenize_request(text, tools, **options), metadata)).token_ids)
+        request = tokenize_request(text, tools, **options)
+        return list((await self._unary("Tokenize", request, metadata)).token_ids)
 
     async def tokenize_message(self, request: pb.TokenizeRequest, *, metadata: Metadata = ()) -> pb.TokenizeResponse:
         """Tokenize a whole request message (token ids, a Generate's sampling to check it as Generate would); the
         response as it is: ids, text, max_tokens."""
-        stub, _ = self._stubs()
-        response: pb.TokenizeResponse = await self._unary(stub.Tokenize, request, metadata)
+        response: pb.TokenizeResponse = await self._unary("Tokenize", request, metadata)
         return response
 
     async def health(self, service: str = "") -> str:
-        _, health = self._stubs()
-        response = await self._unary(health.Check, health_pb2.HealthCheckRequest(service=service))
+        response = await self._unary("Check", health_pb2.HealthCheckRequest(service=service))
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
     async def wait_until_serving(self, timeout_s: float = 60.0) -> None:
@@ -278,17 +284,21 @@ class AsyncInferClient:
                         raise
                 await asyncio.sleep(0.1)
 
-    async def _unary(self, method: Any, request: Any, metadata: Metadata = ()) -> Any:
+    async def _unary(self, method: str, request: Any, metadata: Metadata = ()) -> Any:
+        """A unary call by its method's name (`Check`: health's, the rest the inference service's)."""
+        lane = self.channels.acquire()
+        stub = lane.health if method == "Check" else lane.stub
+        metadata = with_api_key(metadata, self.api_key)
         try:
-            return await method(request, timeout=self.unary_timeout_s, metadata=with_api_key(metadata, self.api_key))
+            return await self._lane(
+                getattr(stub, method)(request, timeout=self.unary_timeout_s, metadata=metadata), lane
+            )
         except grpc.RpcError as e:
             raise InferError.from_rpc_error(e) from None
 
     async def close(self) -> None:
-        """Close the channel; a later call opens a new one."""
-        if self._channel is not None:
-            await self._channel.close()
-        self._channel = self._stub = self._health = None
+        """Close the channels; a later call opens a new one."""
+        await self.channels.close()
 
     async def __aenter__(self) -> AsyncInferClient:
         return self

@@ -281,6 +281,7 @@ async def start_gateway(server: InferenceServer) -> GatewayServer | None:
     gateway = GatewayServer(
         GatewayConfig(
             upstream=server.gateway_upstream,
+            upstream_max_streams=config.max_streams_per_connection,
             host=config.host,
             http_port=config.http_port,
             shutdown_grace_s=config.shutdown_grace_s,

@@ -36,6 +36,7 @@ from infer.server.security import ApiKeys, TlsFiles, header_problem
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 600.0  # gRPC deadline of one generation; DEADLINE_EXCEEDED -> HTTP 504
+DEFAULT_MAX_STREAMS = 100  # `infer serve`'s max_streams_per_connection default
 
 
 def create_app(upstream: str, *, model_id: str | None = None, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> ASGIApp:
@@ -49,7 +50,7 @@ def create_app(upstream: str, *, model_id: str | None = None, timeout_s: float |
 
 def app_for(config: GatewayConfig) -> ASGIApp:
     """The ASGI app of a GatewayConfig (its listener settings aside: those are GatewayServer's)."""
-    client = Upstream(config.upstream, config.timeout_s, config.upstream_tls)
+    client = Upstream(config.upstream, config.timeout_s, config.upstream_tls, config.upstream_max_streams)
     metrics = GatewayMetrics()
     routes = Routes(client, metrics, config.model_id, config.tenant_header)
     policy = BrowserPolicy(config.allowed_origins, config.api_keys is None, is_loopback_address(config.host))
@@ -110,6 +111,8 @@ class GatewayConfig:
     access_log: bool = False
     tls: TlsFiles | None = None  # HTTPS; with a client CA, clients must show a certificate
     upstream_tls: ClientTls | None = None  # reach the gRPC server over TLS
+    # the gRPC server's streams per connection (its max_streams_per_connection): past them, another connection
+    upstream_max_streams: int = DEFAULT_MAX_STREAMS
     api_keys: ApiKeys | None = field(default=None, repr=False)  # None: open (the upstream may still check)
     limits: HttpLimits = field(default_factory=HttpLimits)
     allowed_origins: tuple[str, ...] = ()  # browser origins let in without a key, and given CORS (origins.py)
@@ -128,6 +131,8 @@ class GatewayConfig:
             raise ValueError("timeout_s: must be > 0")
         if self.shutdown_grace_s < 0:
             raise ValueError("shutdown_grace_s: must be >= 0")
+        if self.upstream_max_streams < 1:
+            raise ValueError("upstream_max_streams: must be >= 1")
         BrowserPolicy(self.allowed_origins)  # ValueError naming allowed_origins
         if self.tenant_header is not None and (problem := header_problem(self.tenant_header)):
             raise ValueError(f"tenant_header: {problem}")

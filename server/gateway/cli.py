@@ -10,7 +10,7 @@ from typing import Any
 
 from infer.api import DEFAULT_ADDRESS
 from infer.clients.channel import ClientTls
-from infer.server.gateway.app import DEFAULT_TIMEOUT_S, GatewayConfig, GatewayServer
+from infer.server.gateway.app import DEFAULT_MAX_STREAMS, DEFAULT_TIMEOUT_S, GatewayConfig, GatewayServer
 from infer.server.gateway.guard import HttpLimits
 from infer.server.gateway.origins import parse_origins
 from infer.server.security import ApiKeys, TlsFiles
@@ -101,6 +101,9 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
           "a request's headers must arrive within this (408)", float)  # fmt: skip
     _flag(p, "--http-body-timeout-s", "INFER_HTTP_BODY_TIMEOUT_S", f"{d.body_timeout_s:g}",
           "a request's body must arrive within this (408)", float)  # fmt: skip
+    _flag(p, "--max-streams-per-connection", "INFER_MAX_STREAMS_PER_CONNECTION", str(DEFAULT_MAX_STREAMS),
+          "the upstream's --max-streams-per-connection: when every connection to it carries this many streams, "
+          "another is opened (streams never wait behind the cap, ahead of its scheduler)", int)  # fmt: skip
 
 
 def _upstream_tls(args: argparse.Namespace) -> ClientTls | None:
@@ -121,6 +124,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         access_log=args.access_log,
         tls=TlsFiles.from_settings(args.tls_cert, args.tls_key, args.tls_client_ca),
         upstream_tls=_upstream_tls(args),
+        upstream_max_streams=args.max_streams_per_connection,
         api_keys=ApiKeys.from_settings(args.api_key, args.api_keys_file),
         limits=HttpLimits(args.max_request_bytes, args.http_header_timeout_s, args.http_body_timeout_s),
         allowed_origins=parse_origins(args.allowed_origins),

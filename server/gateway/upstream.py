@@ -1,6 +1,8 @@
-"""What the gateway asks the model server, over the shared asyncio client (`infer.clients.AsyncInferClient`: one
-channel, opened on first use in the serving loop): model info (asked once), prompt tokens (Tokenize, for the
-render endpoints), Generate streams and health. Failed calls raise APIError."""
+"""What the gateway asks the model server, over the shared asyncio client (`infer.clients.AsyncInferClient`:
+channels opened on first use in the serving loop, one more whenever the open ones carry the server's streams per
+connection, so that HTTP streams never queue behind that cap, ahead of the server's scheduler): model info (asked
+once), prompt tokens (Tokenize, for the render endpoints), Generate streams and health. Failed calls raise
+APIError."""
 
 from __future__ import annotations
 
@@ -16,17 +18,25 @@ Metadata = Sequence[tuple[str, str]]
 
 
 class Upstream:
-    """`address`: host:port (or unix:PATH); `tls`: how to reach it over TLS (None: plaintext).
+    """`address`: host:port (or unix:PATH); `tls`: how to reach it over TLS (None: plaintext); `max_streams`: the
+    server's streams per connection (its `max_streams_per_connection`; None: one connection, whatever its cap).
 
     Calls carry the caller's metadata, its `authorization` header included: the model server checks the key.
     """
 
-    def __init__(self, address: str, timeout_s: float | None = None, tls: ClientTls | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float | None = None,
+        tls: ClientTls | None = None,
+        max_streams: int | None = None,
+    ) -> None:
         self.address, self.timeout_s = address, timeout_s
         unary_timeout_s = UNARY_TIMEOUT_S if timeout_s is None else min(timeout_s, UNARY_TIMEOUT_S)
         # NOTE: round robin, retries of UNAVAILABLE, and behind a headless Service (`dns:///name:port`) health
         # checking of each model server pod: one that drains gets no new request (clients/channel.py)
-        self.client = AsyncInferClient(address, timeout_s=timeout_s, tls=tls, unary_timeout_s=unary_timeout_s)
+        self.client = AsyncInferClient(address, timeout_s=timeout_s, tls=tls, unary_timeout_s=unary_timeout_s,
+                                       max_streams_per_channel=max_streams)  # fmt: skip
         self._model_info: ModelInfo | None = None
 
     async def model_info(self, metadata: Metadata = ()) -> ModelInfo:

@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from infer.api import SERVICE_NAME, pb, pb_grpc
 from infer.clients import AsyncInferClient, InferClient, InferError
+from infer.clients.channel import ChannelPool
 
 
 class Replica(pb_grpc.InferenceServiceServicer):
@@ -108,3 +109,21 @@ def test_the_async_client_retries_a_refused_stream_too(replicas: list[tuple[str,
 
     assert asyncio.run(complete()) == "ab"
     assert replica.num_calls == 3  # by the channel's retry policy
+
+
+def test_a_pool_opens_a_channel_when_the_open_ones_carry_their_cap_and_keeps_one_idle() -> None:
+    async def scenario() -> tuple[list[int], list[int], int]:
+        pool = ChannelPool("127.0.0.1:1", max_calls=2)
+        lanes = [pool.acquire() for _ in range(5)]
+        opened = [lane.num_calls for lane in pool.lanes]
+        for lane in lanes:
+            pool.release(lane)
+        idle = [lane.num_calls for lane in pool.lanes]
+        await pool.close()
+        return opened, idle, len(pool.lanes)
+
+    opened, idle, left = asyncio.run(scenario())
+    assert opened == [2, 2, 1]  # the first channels filled to the cap, then a new one
+    assert idle == [0] and left == 0  # idle channels closed but one; close() closes that one too
+    with pytest.raises(ValueError, match="max_streams_per_channel"):
+        ChannelPool("127.0.0.1:1", max_calls=0)

@@ -118,6 +118,11 @@ def test_cli_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (args.http_port, args.timeout_s, args.upstream, args.metrics_port) == (0, 5.0, "127.0.0.1:50051", None)
     with pytest.raises(ValueError, match="http_port"):
         GatewayConfig(http_port=70000)
+    capped = parser.parse_args(["gateway", "--max-streams-per-connection", "7"])
+    assert config_from_args(capped).upstream_max_streams == 7
+    assert config.upstream_max_streams == 100  # `infer serve`'s default (test_server_stream_cap.py)
+    with pytest.raises(ValueError, match="upstream_max_streams"):
+        GatewayConfig(upstream_max_streams=0)
     with pytest.raises(ValueError, match="metrics_port: must differ from http_port"):
         GatewayConfig(http_port=8000, metrics_port=8000)
 
