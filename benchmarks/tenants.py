@@ -17,6 +17,11 @@ prompt tokens, 16-48 new tokens, greedy, `ignore_eos`, over gRPC `Generate`; the
 - shares (fcfs, fair 1:1, fair 1:2): both tenants backlogged (32 heavy streams, 16 light), each tenant's share
   of the output tokens produced in the window (from 4 s in, or from when both tenants have had a first token,
   to the stop), against its weight share; total output tok/s against fcfs.
+- contention over HTTP (fcfs, priority, fair 1:1): the contention phase again through the server's OpenAI gateway
+  (streamed /v1/completions, the tenant in the `x-tenant` header, the probes' `priority` in the body), the heavy
+  tenant's flood 128 streams: more than the server's streams per gRPC connection (100), which once queued the flood
+  in the gateway's one connection ahead of the scheduler (issue 38). Its alone and probe-prefill TTFTs are over
+  HTTP too.
 A round runs the setups in order, the next round in reverse order. Writes docs/benchmarks/tenants.json, .md, .png.
 
     python benchmarks/tenants.py [--rounds N] [--quick] [--light-rate R] [--out-dir DIR]
@@ -41,10 +46,10 @@ from typing import Any
 
 import httpx
 from serving_servers import Running, infer_server
-from tenants_report import HEAVY, LIGHT, PROBE, goals, phase_figures, summarize, write_report
+from tenants_report import HEAVY, HTTP_PHASE, LIGHT, PROBE, goals, phase_figures, summarize, write_report
 
 from infer.clients.bench.load import LoadPlan, LoadRun
-from infer.clients.bench.targets import GrpcTarget, RequestResult, Target
+from infer.clients.bench.targets import GrpcTarget, OpenAITarget, RequestResult, Target
 from infer.clients.bench.workloads import FIRST_ID, RequestSpec, Workload
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
@@ -58,9 +63,9 @@ COUNTERS = {  # the phase's figure: the server's Prometheus counter
     "generation_tokens": "infer_generation_tokens_total",
 }
 SETUPS: dict[str, dict[str, Any]] = {
-    "fcfs": {"policy": "fcfs", "weights": {}, "phases": ("contention", "shares")},
-    "priority": {"policy": "priority", "weights": {}, "phases": ("contention",)},
-    "fair 1:1": {"policy": "fair", "weights": {HEAVY: 1.0, LIGHT: 1.0}, "phases": ("contention", "shares")},
+    "fcfs": {"policy": "fcfs", "weights": {}, "phases": ("contention", HTTP_PHASE, "shares")},
+    "priority": {"policy": "priority", "weights": {}, "phases": ("contention", HTTP_PHASE)},
+    "fair 1:1": {"policy": "fair", "weights": {HEAVY: 1.0, LIGHT: 1.0}, "phases": ("contention", HTTP_PHASE, "shares")},
     "fair 1:2": {"policy": "fair", "weights": {HEAVY: 1.0, LIGHT: 2.0}, "phases": ("shares",)},
 }
 
@@ -68,6 +73,7 @@ SETUPS: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class Config:
     heavy_streams: int = 32
+    http_heavy_streams: int = 128  # contention over HTTP: more than the server's 100 streams per gRPC connection
     light_streams: int = 16  # shares: the light tenant backlogged too
     light_rate: float = 0.5  # contention: the light tenant's requests/s (Poisson)
     light_requests: int = 20
@@ -123,29 +129,46 @@ def grpc(server: Running, tenant: str, priority: int | None = None) -> GrpcTarge
     return GrpcTarget(server.grpc, ((TENANT_HEADER, tenant),), priority)
 
 
+_MODELS: dict[str, str] = {}  # a server's model name, by its base URL (asked once, not by every stream)
+
+
+def http(server: Running, tenant: str, priority: int | None = None) -> OpenAITarget:
+    """Streamed /v1/completions through the server's gateway, the tenant in its header."""
+    if server.http not in _MODELS:
+        _MODELS[server.http] = str(httpx.get(f"{server.http}/models", timeout=10).json()["data"][0]["id"])
+    extra = {} if priority is None else {"priority": priority}
+    return OpenAITarget(server.http, "completions", _MODELS[server.http], extra, {TENANT_HEADER: tenant})
+
+
+def target(server: Running, tenant: str, priority: int | None = None, door: str = "grpc") -> Target:
+    return grpc(server, tenant, priority) if door == "grpc" else http(server, tenant, priority)
+
+
 def loaded(runs: dict[str, tuple[LoadRun, list[RequestResult]]], t0: float) -> dict[str, Any]:
     return {tenant: (run.start - t0, [r for r in results if r.status != "stopped" or r.output_tokens])
             for tenant, (run, results) in runs.items()}  # fmt: skip
 
 
 async def solo(
-    server: Running, specs: tuple[RequestSpec, ...], tenant: str, priority: int | None = None
+    server: Running, specs: tuple[RequestSpec, ...], tenant: str, priority: int | None = None, door: str = "grpc"
 ) -> list[float]:
-    """TTFTs of these requests one at a time on an idle server."""
-    target = grpc(server, tenant, priority)
+    """TTFTs of these requests one at a time on an idle server (over gRPC, or HTTP through its gateway)."""
+    solo_target = target(server, tenant, priority, door)
     try:
-        run = LoadRun(target, LoadPlan(concurrency=1, progress=False), tenant)
+        run = LoadRun(solo_target, LoadPlan(concurrency=1, progress=False), tenant)
         results = await run.run(Workload(tenant, "solo", specs))
     finally:
-        await target.close()
+        await solo_target.close()
     return [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
 
 
-async def contention(server: Running, cfg: Config, seed: str) -> dict[str, Any]:
+async def contention(server: Running, cfg: Config, seed: str, door: str = "grpc") -> dict[str, Any]:
+    """`door`: grpc, or http (the flood of cfg.http_heavy_streams through the server's gateway)."""
     stop, t0 = asyncio.Event(), time.perf_counter()
-    heavy_target, light_target = Stoppable(grpc(server, HEAVY), stop), grpc(server, LIGHT)
-    probe_target = grpc(server, LIGHT, PROBE_PRIORITY)
-    heavy = LoadRun(heavy_target, LoadPlan(concurrency=cfg.heavy_streams, progress=False), HEAVY)
+    heavy_target = Stoppable(target(server, HEAVY, door=door), stop)
+    light_target, probe_target = target(server, LIGHT, door=door), target(server, LIGHT, PROBE_PRIORITY, door)
+    streams = cfg.heavy_streams if door == "grpc" else cfg.http_heavy_streams
+    heavy = LoadRun(heavy_target, LoadPlan(concurrency=streams, progress=False), HEAVY)
     heavy_task = asyncio.ensure_future(heavy.run(Workload(HEAVY, "", requests(f"{seed}h", 4000))))
     await asyncio.sleep(cfg.settle_s)
     light = LoadRun(light_target, LoadPlan(rate=cfg.light_rate, progress=False), LIGHT)
@@ -162,8 +185,8 @@ async def contention(server: Running, cfg: Config, seed: str) -> dict[str, Any]:
         stop.set()
         end = time.perf_counter() - t0
         heavy_results = await heavy_task
-        for target in (heavy_target, light_target, probe_target):
-            await target.close()
+        for each in (heavy_target, light_target, probe_target):
+            await each.close()
     runs = {HEAVY: (heavy, heavy_results), LIGHT: (light, light_results), PROBE: (probes, probe_results)}
     return phase_figures(loaded(runs, t0), (light.start - t0, end), end)
 
@@ -203,18 +226,26 @@ def run_setup(name: str, cfg: Config, log_dir: Path, tag: str) -> dict[str, Any]
     out: dict[str, Any] = {}
     with serve(name, log_dir, tag) as server:
         asyncio.run(solo(server, requests(f"{tag}{name}w", 2), HEAVY))  # warm-up
-        if "contention" in SETUPS[name]["phases"]:
-            out["alone_ttft_s"] = asyncio.run(solo(server, requests(f"{tag}{name}a", cfg.alone_requests), LIGHT))
-        if name == "priority":
-            out["probe_solo_ttft_s"] = asyncio.run(solo(server, requests(f"{tag}s", 3, PROBE_TOKENS), LIGHT, -10))
+        for door, suffix in (("grpc", ""), ("http", "_http")):
+            if "contention" in SETUPS[name]["phases"]:
+                alone = requests(f"{tag}{name}a{suffix}", cfg.alone_requests)
+                out[f"alone{suffix}_ttft_s"] = asyncio.run(solo(server, alone, LIGHT, door=door))
+            if name == "priority":
+                probe = requests(f"{tag}s{suffix}", 3, PROBE_TOKENS)
+                out[f"probe_solo{suffix}_ttft_s"] = asyncio.run(solo(server, probe, LIGHT, PROBE_PRIORITY, door))
         for phase in SETUPS[name]["phases"]:
-            run = contention if phase == "contention" else shares
-            out[phase] = counted(server, run(server, cfg, f"{tag}{name}{phase}"))
+            seed = f"{tag}{name}{phase}"
+            run = shares(server, cfg, seed) if phase == "shares" else contention(server, cfg, seed, door_of(phase))
+            out[phase] = counted(server, run)
             print(f"  {name} {phase}: {summary_line(out[phase])}", flush=True)
     log = server.log.read_text(errors="replace")
     out["cpu_threads"] = re.findall(r"CPU threads (\d+ -> \d+)", log)
     out["kernels"] = "".join(re.findall(r"kernels: (.*?) \(INFER_KERNELS", log)[:1])
     return out
+
+
+def door_of(phase: str) -> str:
+    return "http" if phase == HTTP_PHASE else "grpc"
 
 
 def counted(server: Running, phase: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
@@ -292,9 +323,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def workload_text(cfg: Config) -> str:
     return (f"The default model, int4 weights, `--max-num-seqs {MAX_SEQS}`; every request {PROMPT_TOKENS} random "
-            f"prompt tokens and {NEW_TOKENS // 2}-{NEW_TOKENS * 3 // 2} new tokens (greedy, `ignore_eos`) over gRPC; "
-            "the tenant in the "
-            f"`{TENANT_HEADER}` metadata. The phases: benchmarks/tenants.py's docstring.")  # fmt: skip
+            f"prompt tokens and {NEW_TOKENS // 2}-{NEW_TOKENS * 3 // 2} new tokens (greedy, `ignore_eos`) over gRPC "
+            "(and, in the contention phase over HTTP, the gateway's streamed /v1/completions, "
+            f"{cfg.http_heavy_streams} heavy streams); the tenant in the `{TENANT_HEADER}` metadata or header. "
+            "The phases: benchmarks/tenants.py's docstring.")  # fmt: skip
 
 
 def notes(rounds: list[dict[str, Any]], table: dict[str, Any], log_dir: Path) -> list[str]:
@@ -319,7 +351,10 @@ def notes(rounds: list[dict[str, Any]], table: dict[str, Any], log_dir: Path) ->
     else:
         out.append(f"Every server ran the {next(iter(kernels.values()), '?')}.")
     failed = {
-        n: row["failed"] for phase in ("contention", "shares") for n, row in table[phase].items() if row["failed"]
+        f"{n} ({phase})": row["failed"]
+        for phase in ("contention", HTTP_PHASE, "shares")
+        for n, row in table[phase].items()
+        if row["failed"]
     }
     if failed:
         out.append(f"failed requests (not counted): {failed}")

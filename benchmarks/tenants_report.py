@@ -14,6 +14,9 @@ from infer.clients.bench.metrics import percentile
 from infer.clients.bench.targets import RequestResult
 
 HEAVY, LIGHT, PROBE = "heavy", "light", "probe"
+HTTP_PHASE = "contention_http"  # the contention phase through the server's OpenAI gateway
+PHASES = ("contention", HTTP_PHASE, "shares")
+ALONE = {"contention": "alone_ttft_s", HTTP_PHASE: "alone_http_ttft_s", "shares": "alone_ttft_s"}  # its solo TTFTs
 BIN_S = 2.0  # the plot's time step
 GOAL_TTFT = 1.5  # fair: light TTFT P99 <= 1.5x its TTFT alone (P50: alone it is the prefill, but for noise)
 GOAL_SHARE = 0.10  # fair: each share within 10% (relative) of its weight share
@@ -98,8 +101,8 @@ def ttft_row(values: Sequence[float]) -> dict[str, float]:
 def summarize(rounds: list[dict[str, Any]], setups: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The tables: light TTFT alone and per policy, shares per setup, throughput ratios to fcfs, the probes."""
     alone = [x for r in rounds for setup in r["setups"].values() for x in setup.get("alone_ttft_s", [])]
-    table: dict[str, Any] = {"alone": ttft_row(alone), "contention": {}, "shares": {}}
-    for phase in ("contention", "shares"):
+    table: dict[str, Any] = {"alone": ttft_row(alone), **{phase: {} for phase in PHASES}}
+    for phase in PHASES:
         base = {i: r["setups"]["fcfs"][phase]["total_tok_s"] for i, r in enumerate(rounds)
                 if phase in r["setups"].get("fcfs", {})}  # fmt: skip
         for name, setup in setups.items():
@@ -115,7 +118,7 @@ def summarize(rounds: list[dict[str, Any]], setups: dict[str, dict[str, Any]]) -
                 "share": {t: n / total if total else math.nan for t, n in tokens.items()},
                 "weight_share": weight_shares(setup["weights"]),
                 "light": ttft_row(pooled(rounds, name, phase, LIGHT, "ttft_s")),
-                "alone": ttft_row([x for r in rounds for x in r["setups"].get(name, {}).get("alone_ttft_s", [])]),
+                "alone": ttft_row([x for r in rounds for x in r["setups"].get(name, {}).get(ALONE[phase], [])]),
                 "probe": ttft_row(pooled(rounds, name, phase, PROBE, "ttft_s")),
                 "heavy_per_light": _ratio(sum(p["tenants"][HEAVY]["num_done"] for _, p in done),
                                           sum(p["tenants"][LIGHT]["num_sent"] for _, p in done)),
@@ -127,6 +130,7 @@ def summarize(rounds: list[dict[str, Any]], setups: dict[str, dict[str, Any]]) -
             row["deviation"] = max(abs(row["share"][t] / row["weight_share"][t] - 1) for t in (HEAVY, LIGHT))
             table[phase][name] = row
     table["probes"] = probe_bounds(rounds)
+    table["probes_http"] = probe_bounds(rounds, HTTP_PHASE, "probe_solo_http_ttft_s")
     return table
 
 
@@ -146,18 +150,21 @@ def weight_shares(weights: dict[str, float]) -> dict[str, float]:
     return {t: v / sum(w.values()) for t, v in w.items()}
 
 
-def probe_bounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The priority setup's high-priority probes against their round's prefill (solo TTFT) plus two steps."""
+def probe_bounds(
+    rounds: list[dict[str, Any]], phase: str = "contention", solo_key: str = "probe_solo_ttft_s"
+) -> dict[str, Any]:
+    """The priority setup's high-priority probes against their round's prefill (solo TTFT, `solo_key`) plus two
+    steps, in `phase`."""
     bounds, ttfts, within, within_mean = [], [], 0, 0
     for r in rounds:
         setup = r["setups"].get("priority", {})
-        if "contention" not in setup or not setup.get("probe_solo_ttft_s"):
+        if phase not in setup or not setup.get(solo_key):
             continue
-        prefill_s = statistics.median(setup["probe_solo_ttft_s"])
-        step_s = setup["contention"]["tenants"][HEAVY]["step_s"]
-        mean_s = setup["contention"]["tenants"][HEAVY]["step_mean_s"]
+        prefill_s = statistics.median(setup[solo_key])
+        step_s = setup[phase]["tenants"][HEAVY]["step_s"]
+        mean_s = setup[phase]["tenants"][HEAVY]["step_mean_s"]
         bound, bound_mean = prefill_s + GOAL_PROBE_STEPS * step_s, prefill_s + GOAL_PROBE_STEPS * mean_s
-        probes = setup["contention"]["tenants"].get(PROBE, {}).get("ttft_s", [])
+        probes = setup[phase]["tenants"].get(PROBE, {}).get("ttft_s", [])
         bounds.append({"prefill_s": prefill_s, "step_s": step_s, "bound_s": bound, "step_mean_s": mean_s,
                        "bound_mean_s": bound_mean, "ttft_s": probes})  # fmt: skip
         ttfts += probes
@@ -170,37 +177,40 @@ def probe_bounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 # goals
 def goals(table: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
-    fair = table["contention"].get("fair 1:1")
-    if fair:
-        ratio = fair["light"]["p99_s"] / fair["alone"]["p50_s"]
-        rows.append(
-            _goal(
-                "fair: light tenant's TTFT P99 / its TTFT alone (P50, same server)",
-                f"≤ {GOAL_TTFT}x",
-                f"{ratio:.2f}x ({_ms(fair['light']['p99_s'])} vs {_ms(fair['alone']['p50_s'])} alone)",
-                ratio <= GOAL_TTFT,
+    for phase, over in (("contention", ""), (HTTP_PHASE, " over HTTP")):
+        fair = table.get(phase, {}).get("fair 1:1")
+        if fair:
+            ratio = fair["light"]["p99_s"] / fair["alone"]["p50_s"]
+            rows.append(
+                _goal(
+                    f"fair{over}: light tenant's TTFT P99 / its TTFT alone (P50, same server)",
+                    f"≤ {GOAL_TTFT}x",
+                    f"{ratio:.2f}x ({_ms(fair['light']['p99_s'])} vs {_ms(fair['alone']['p50_s'])} alone)",
+                    ratio <= GOAL_TTFT,
+                )
             )
-        )
     for name, row in table["shares"].items():
         if name.startswith("fair"):
             got = " / ".join(f"{row['share'][t]:.3f} ({row['weight_share'][t]:.3f})" for t in (HEAVY, LIGHT))
             rows.append(_goal(f"{name}: output shares heavy / light (weight share), both backlogged",
                               f"each within {GOAL_SHARE:.0%}", f"{got}: off by {row['deviation']:.1%}",
                               row["deviation"] <= GOAL_SHARE))  # fmt: skip
-    for phase in ("contention", "shares"):
-        for name, row in table[phase].items():
+    for phase in PHASES:
+        for name, row in table.get(phase, {}).items():
             if name != "fcfs" and not math.isnan(row["vs_fcfs"]):
                 rows.append(_goal(f"{name}: total output tok/s / fcfs ({phase})", f"≥ {GOAL_TOTAL}x",
                                   f"{row['vs_fcfs']:.3f}x ({row['total_tok_s']:.1f} tok/s)",
                                   row["vs_fcfs"] >= GOAL_TOTAL))  # fmt: skip
-    probes = table["probes"]
-    if probes["count"]:
+    for key, over in (("probes", ""), ("probes_http", " over HTTP")):
+        probes = table.get(key)
+        if not probes or not probes["count"]:
+            continue
         # NOTE: a step at saturation is the mean of the heavy requests' inter-token gaps: most steps there carry
         # a prefill beside the decodes (the median gap is a decode-only step; its bound is in the table below)
         bound = statistics.median(b["bound_mean_s"] for b in probes["rounds"])
         rows.append(
             _goal(
-                "priority: TTFT of a priority -10 request at saturation",
+                f"priority{over}: TTFT of a priority -10 request at saturation",
                 f"≤ prefill + 2 mean steps ({_ms(bound)})",
                 f"P50 {_ms(probes['ttft']['p50_s'])}, max {_ms(probes['max_s'])}; "
                 f"{probes['within_mean']} of {probes['count']} within",
@@ -242,14 +252,15 @@ def markdown(result: dict[str, Any]) -> list[str]:
               "| policy | alone TTFT P50 / P99 | light TTFT P50 | light TTFT P99 | P99 / alone P50 | "
               "priority -10 TTFT P50 | heavy : light requests | total output tok/s | / fcfs |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for name, row in table["contention"].items():
-        alone = row["alone"]
-        lines.append(
-            f"| {name} | {_ms(alone['p50_s'])} / {_ms(alone['p99_s'])} | {_ms(row['light']['p50_s'])} | "
-            f"{_ms(row['light']['p99_s'])} | {row['light']['p99_s'] / alone['p50_s']:.2f}x | "
-            f"{_ms(row['probe']['p50_s'])} | {row['heavy_per_light']:.1f} | {row['total_tok_s']:.1f} | "
-            f"{row['vs_fcfs']:.3f}x |"
-        )
+    lines += contention_rows(table["contention"])
+    if table.get(HTTP_PHASE):
+        lines += ["", f"## The same over HTTP ({cfg.get('http_heavy_streams', '?')} heavy streams through the "
+                  "gateway: more than the server's 100 streams per gRPC connection)", "",
+                  "The server's OpenAI gateway, streamed /v1/completions; alone: over HTTP too.", "",
+                  "| policy | alone TTFT P50 / P99 | light TTFT P50 | light TTFT P99 | P99 / alone P50 | "
+                  "priority -10 TTFT P50 | heavy : light requests | total output tok/s | / fcfs |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        lines += contention_rows(table[HTTP_PHASE])
     lines += ["", f"## Shares while both are backlogged ({cfg['heavy_streams']} heavy streams, "
               f"{cfg['light_streams']} light streams)", "",
               "| setup | heavy share (weight share) | light share (weight share) | off by | total output tok/s | "
@@ -263,18 +274,32 @@ def markdown(result: dict[str, Any]) -> list[str]:
     lines += ["", "## Priority at saturation", "", "| round | prefill (solo TTFT) | step: median / mean heavy "
               "inter-token gap | bound: prefill + 2 median steps | prefill + 2 mean steps | probes' TTFT |",
               "|---|---:|---:|---:|---:|---|"]  # fmt: skip
-    for i, b in enumerate(table["probes"]["rounds"]):
-        ttfts = ", ".join(_ms(t) for t in b["ttft_s"])
-        lines.append(f"| {i + 1} | {_ms(b['prefill_s'])} | {_ms(b['step_s'])} / {_ms(b['step_mean_s'])} | "
-                     f"{_ms(b['bound_s'])} | {_ms(b['bound_mean_s'])} | {ttfts} |")  # fmt: skip
+    for key, over in (("probes", ""), ("probes_http", " (HTTP)")):
+        for i, b in enumerate(table.get(key, {}).get("rounds", [])):
+            ttfts = ", ".join(_ms(t) for t in b["ttft_s"])
+            lines.append(f"| {i + 1}{over} | {_ms(b['prefill_s'])} | {_ms(b['step_s'])} / {_ms(b['step_mean_s'])} | "
+                         f"{_ms(b['bound_s'])} | {_ms(b['bound_mean_s'])} | {ttfts} |")  # fmt: skip
     lines += ["", "![per-tenant output tok/s over time](tenants.png)", "", "## Notes", ""]
     return lines + [f"- {note}" for note in result["notes"]]
+
+
+def contention_rows(rows: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, row in rows.items():
+        alone = row["alone"]
+        lines.append(
+            f"| {name} | {_ms(alone['p50_s'])} / {_ms(alone['p99_s'])} | {_ms(row['light']['p50_s'])} | "
+            f"{_ms(row['light']['p99_s'])} | {row['light']['p99_s'] / alone['p50_s']:.2f}x | "
+            f"{_ms(row['probe']['p50_s'])} | {row['heavy_per_light']:.1f} | {row['total_tok_s']:.1f} | "
+            f"{row['vs_fcfs']:.3f}x |"
+        )
+    return lines
 
 
 def work_table(table: dict[str, Any]) -> list[str]:
     """What each policy cost the engine (its own counters over the phase, all rounds) beside the throughput ratio
     of each round: a policy that preempts pays in recomputed prompt tokens, the machine's drift in neither."""
-    rows = [(phase, name, row) for phase in ("contention", "shares") for name, row in table[phase].items()
+    rows = [(phase, name, row) for phase in PHASES for name, row in table.get(phase, {}).items()
             if row.get("engine")]  # fmt: skip
     if not rows:
         return []
@@ -304,7 +329,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     panels = [(name, phase, p) for name, setup in result["rounds"][0]["setups"].items()
-              for phase, p in setup.items() if phase in ("contention", "shares")]  # fmt: skip
+              for phase, p in setup.items() if phase in PHASES]  # fmt: skip
     cols = 3
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)

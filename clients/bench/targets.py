@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -120,14 +120,22 @@ class OpenAITarget:
     (`stream_options.include_usage`), else the number of content chunks.
     """
 
-    def __init__(self, base_url: str, protocol: str, model: str | None = None, extra: Json | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        protocol: str,
+        model: str | None = None,
+        extra: Json | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         import httpx  # NOTE: imported here: the gRPC path needs no HTTP client
 
         self.base_url, self.protocol, self.model = base_url.rstrip("/"), protocol, model
         self.extra = extra or {}  # merged into every request body (server-specific fields)
         self.name = f"{self.base_url} ({protocol})"
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=limits)
+        # `headers`: sent with every request (e.g. a tenant header)
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=limits, headers=headers)
 
     async def _model(self) -> str:
         """The model named in requests: given, else the first that GET /models lists."""

@@ -19,7 +19,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import tenants  # noqa: E402
 import tenants_report as report  # noqa: E402
-from tenants_report import HEAVY, LIGHT, PROBE  # noqa: E402
+from tenants_report import HEAVY, HTTP_PHASE, LIGHT, PROBE  # noqa: E402
 
 
 def _req(sent_s: float, ttft_s: float, tokens: int, gap_s: float = 0.1, status: str = "OK") -> RequestResult:
@@ -164,3 +164,45 @@ def test_the_report_shows_each_policys_work_and_each_rounds_ratio(tmp_path: Path
     assert "| contention | fair 1:1 | 6 | 2.001 | 1.000x, 0.500x |" in text
     del rounds[0]["setups"]["fcfs"]["contention"]["engine"]  # a run from before the counters: no table
     assert report.summarize(rounds, tenants.SETUPS)["contention"]["fcfs"]["engine"] is None
+
+
+def _with_http(rounds: list[dict[str, Any]], fair_light_ttft: float, probe_ttft: float) -> list[dict[str, Any]]:
+    """The contention phase over HTTP beside the gRPC one (its own alone and probe-prefill TTFTs)."""
+    setups = rounds[0]["setups"]
+    setups["fcfs"] |= {HTTP_PHASE: _phase(300, 30, 3.0), "alone_http_ttft_s": [0.25] * 8}
+    setups["priority"] |= {HTTP_PHASE: _phase(300, 30, 3.0, (probe_ttft,) * 3), "probe_solo_http_ttft_s": [0.12] * 3}
+    setups["fair 1:1"] |= {HTTP_PHASE: _phase(300, 30, fair_light_ttft), "alone_http_ttft_s": [0.12] * 8}
+    return rounds
+
+
+def test_the_http_flood_has_its_own_rows_and_goals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = report.summarize(_with_http(_rounds(0.14, (150, 300), 0.15), 0.17, 0.16), tenants.SETUPS)
+    assert good[HTTP_PHASE]["fair 1:1"]["alone"]["p50_s"] == pytest.approx(0.12)  # its HTTP alone, not gRPC's
+    named = {g["goal"]: g for g in report.goals(good)}
+    assert named["fair over HTTP: light tenant's TTFT P99 / its TTFT alone (P50, same server)"]["met"]
+    assert named["priority over HTTP: TTFT of a priority -10 request at saturation"]["met"]
+    assert named["fair 1:1: total output tok/s / fcfs (contention_http)"]["met"]
+    bad = report.goals(report.summarize(_with_http(_rounds(0.14, (150, 300), 0.15), 284.0, 286.0), tenants.SETUPS))
+    assert [g["goal"].split(":")[0] for g in bad if not g["met"]] == ["fair over HTTP", "priority over HTTP"]
+    monkeypatch.setattr(report, "plot", lambda result, path: None)
+    result = {"date": "today", "cpu": "a CPU", "cpus": 2, "load_before": "load average: 0.10", "wall_s": 300.0,
+              "config": vars(tenants.Config()), "workload": "w.", "rounds": [], "table": good,
+              "goals": report.goals(good), "notes": []}  # fmt: skip
+    report.write_report(result, tmp_path)
+    text = (tmp_path / "tenants.md").read_text()
+    assert "## The same over HTTP (128 heavy streams" in text
+    assert "| fair 1:1 | 120 ms / 120 ms | 170 ms | 170 ms | 1.42x |" in text
+    assert "| 1 (HTTP) | 120 ms |" in text
+
+
+def test_the_http_targets_carry_the_tenant_header_and_the_priority() -> None:
+    server = tenants.Running("s", "127.0.0.1:1", "http://127.0.0.1:1/v1", Path("log"))
+    tenants._MODELS[server.http] = "m"  # NOTE: else asked of the server once
+    target = tenants.target(server, LIGHT, -10, "http")
+    assert isinstance(target, tenants.OpenAITarget)
+    assert target.http.headers[tenants.TENANT_HEADER] == LIGHT
+    assert target.body(RequestSpec((1, 2), 4), "m")["priority"] == -10 and target.url.endswith("/v1/completions")
+    heavy = tenants.target(server, HEAVY, door="http")
+    assert isinstance(heavy, tenants.OpenAITarget) and "priority" not in heavy.body(RequestSpec((1,), 4), "m")
+    assert isinstance(tenants.target(server, HEAVY), tenants.GrpcTarget)
+    assert [tenants.door_of(p) for p in tenants.SETUPS["fair 1:1"]["phases"]] == ["grpc", "http", "grpc"]
