@@ -31,6 +31,7 @@ WARMUP_MAX_TOKENS = 8  # the warm-up's greedy decode: several steps, as a real r
 # step's budget (128 tokens) took ~3 s of a 1.5B model's time to SERVING on 2 cores, for a prefill rate that real
 # prompts refine within a few steps anyway
 WARMUP_PROMPT_TOKENS = 32
+STEP_RETRY_S = 1.0  # after a step raised: the next step, with work or without, at most this much later
 
 
 class WarmupError(RuntimeError):
@@ -63,6 +64,8 @@ class AsyncEngine:
     def _start(self, build: Callable[[], EngineCore]) -> None:
         self._stopped = threading.Event()
         self._step_started_s: float | None = None  # while a step runs: when it started
+        self._failing: str | None = None  # since a step raised, until one passes: why
+        self._num_failed_steps = 0
         built: queue.Queue[EngineCore | BaseException] = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._run, args=(build, built), name="infer-engine-core", daemon=True)
         self._thread.start()
@@ -108,10 +111,12 @@ class AsyncEngine:
         return self.core.stats()
 
     def problem(self, stall_timeout_s: float) -> str | None:
-        """Why the engine cannot make progress (its thread is gone, or one step has run longer than
-        stall_timeout_s), or None when it is healthy."""
+        """Why the engine cannot make progress (its thread is gone, its steps raise, or one step has run longer
+        than stall_timeout_s), or None when it is healthy."""
         if not self._thread.is_alive() and not self._stopped.is_set():
             return "the engine thread has stopped"
+        if self._failing is not None:
+            return self._failing
         started_s = self._step_started_s
         if started_s is not None and (running_s := time.monotonic() - started_s) > stall_timeout_s:
             return f"one engine step has run for {running_s:.0f} s (stall timeout {stall_timeout_s:g} s)"
@@ -128,13 +133,26 @@ class AsyncEngine:
             self._step_started_s = time.monotonic()
             try:
                 did_work = core.step()
-            except Exception:
-                logger.exception("engine step failed; failing its requests")
-                core.fail_all(RuntimeError("engine step failed"))
-                did_work = False
-            self._step_started_s = None
+            except Exception as e:
+                self._step_failed(core, e)
+                core.wait_for_work(STEP_RETRY_S)  # then a step again: one that passes, empty or not, clears it
+                continue
+            finally:
+                self._step_started_s = None
+            if self._failing is not None:
+                logger.warning("engine steps pass again after %d failed", self._num_failed_steps)
+                self._failing, self._num_failed_steps = None, 0
             if not did_work:
                 core.wait_for_work()
+
+    def _step_failed(self, core: EngineCore, error: Exception) -> None:
+        """A step raised: its requests (every request in the engine) fail, and `problem` says so until a step
+        passes. Logged with its traceback once, not once a step (nor once a request)."""
+        self._num_failed_steps += 1
+        if self._failing is None:
+            logger.exception("engine step failed; failing every request in the engine")
+        self._failing = f"engine steps are failing ({type(error).__name__}: {error})"
+        core.fail_all(RuntimeError("engine step failed"))
 
     def generate(
         self,

@@ -167,10 +167,12 @@ class EngineCore:
         self.inbox.wake()
 
     # the thread that steps
-    def wait_for_work(self) -> None:
-        """After a step that ran nothing: block until a request or an abort arrives, or `wake`. Requests that
-        wait (a static batch still gathering) are polled every half static_batch_wait_s."""
-        self.inbox.wait(self.config.static_batch_wait_s / 2 if self.scheduler.waiting else None)
+    def wait_for_work(self, timeout_s: float | None = None) -> None:
+        """After a step that ran nothing: block until a request or an abort arrives, or `wake`, or timeout_s.
+        Requests that wait (a static batch still gathering) are polled every half static_batch_wait_s."""
+        poll_s = self.config.static_batch_wait_s / 2 if self.scheduler.waiting else None
+        timeouts = [t for t in (poll_s, timeout_s) if t is not None]
+        self.inbox.wait(min(timeouts) if timeouts else None)
 
     @property
     def has_work(self) -> bool:
@@ -333,6 +335,10 @@ class EngineCore:
         self, r: LiveRequest, reason: FinishReason, delta: Delta | None = None, error: str | None = None
     ) -> None:
         self.scheduler.finish(r.request_id)  # out of the table, its blocks freed
+        self._end(r, reason, delta, error)
+
+    def _end(self, r: LiveRequest, reason: FinishReason, delta: Delta | None = None, error: str | None = None) -> None:
+        """Send the final output of a request the scheduler no longer holds."""
         self.structured.release(r)  # if its grammar was still compiling
         self.inbox.release(r.request_id)  # its id may be used again
         self.counters.num_cached_tokens_total += r.num_cached_tokens
@@ -351,9 +357,14 @@ class EngineCore:
             self.kv_events.close()
 
     def fail_all(self, error: BaseException) -> None:
-        """End every request with finish_reason `error` (the step loop itself failed)."""
-        for request_id in list(self.scheduler.requests):
-            self.fail(request_id, error)
+        """End every request with finish_reason `error` (the step loop itself failed: the caller logs that once,
+        not once a request)."""
+        message = f"{type(error).__name__}: {error}"
+        for request in list(self.scheduler.requests.values()):
+            self._finish(request, FinishReason.ERROR, error=message)
+        new, _ = self.inbox.take()  # NOTE: a step that raises before it takes them in would strand them
+        for request in new:
+            self._end(request, FinishReason.ERROR, error=message)
         self._publish()
 
 

@@ -97,6 +97,10 @@ class Scheduler(Generic[R]):
             del self._unready[rid]
         return [self.requests[rid] for rid in self._unready]
 
+    def holds(self, request_id: str) -> bool:
+        """Whether any of the scheduler's tables or queues still names the request (none does once it finished)."""
+        return any(request_id in ids for ids in (self.requests, self._waiting, self._running, self._unready))
+
     @property
     def num_never_scheduled(self) -> int:
         """Waiting requests that never ran (a preempted one has): what the queue bound counts."""
@@ -121,12 +125,14 @@ class Scheduler(Generic[R]):
     def finish(self, request_id: str) -> R:
         """Remove a request (finished or aborted) from the table and free its blocks."""
         request = self.requests.pop(request_id)
+        # NOTE: whatever its status: a constrained request is admitted once its grammar is ready, before `unready`
+        # next looks, so it may still be listed there while it runs (and finish on its first token)
+        self._unready.pop(request_id, None)
         if request.status is RequestStatus.RUNNING:
             del self._running[request_id]
             self.blocks.free(request_id)
         elif request.status is RequestStatus.WAITING:
             self._waiting.remove(request_id)
-            self._unready.pop(request_id, None)
         request.status = RequestStatus.FINISHED
         if self.policy is not None:
             self.policy.leave(request)

@@ -85,6 +85,22 @@ def fake_stub(fake_server: ServerThread) -> Iterator[pb_grpc.InferenceServiceStu
 
 
 @pytest.mark.parametrize(
+    "sampling",
+    [
+        pb.SamplingParams(max_tokens=1, json_object=pb.JsonObject()),
+        pb.SamplingParams(max_tokens=30, regex="[A-Za-z ]{1,20}", stop=["H"]),  # the fake model says "Hello"
+    ],
+)
+def test_a_constrained_request_that_ends_on_its_first_token_leaves_the_server_serving(
+    fake_server: ServerThread, fake_stub: pb_grpc.InferenceServiceStub, sampling: pb.SamplingParams
+) -> None:
+    ended = generate(fake_stub, pb.GenerateRequest(prompt="Hi", sampling=sampling))
+    assert ended[-1].finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP)
+    after = generate(fake_stub, pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(max_tokens=2)))
+    assert after[-1].finish_reason == pb.FINISH_REASON_LENGTH  # every later step raised KeyError: "engine step failed"
+
+
+@pytest.mark.parametrize(
     ("sampling", "message"),
     [
         (pb.SamplingParams(regex="(("), "sampling.regex: does not compile: Regex parsing error"),

@@ -109,3 +109,35 @@ def test_the_thread_waits_on_the_cores_wait_for_work_and_stops_through_wake(monk
     finally:
         engine.shutdown()
     assert not engine._thread.is_alive()  # shutdown woke it through the core's `wake`
+
+
+def test_steps_that_raise_are_a_problem_logged_once_until_a_step_passes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    core, _ = fake_core()
+    real_step, is_broken = core.step, threading.Event()
+    is_broken.set()
+
+    def step() -> bool:
+        if is_broken.is_set():
+            raise KeyError("r0")  # as a scheduler table that names a finished request did, on every step
+        return real_step()
+
+    monkeypatch.setattr(core, "step", step)
+    engine = AsyncEngine(core)
+    try:
+        finals: list[str | None] = []
+        for i in range(3):
+            core.add_request(f"r{i}", [5, 6], SamplingParams(max_tokens=2), lambda out: finals.append(out.error))
+        _wait(lambda: len(finals) == 3)
+        assert finals == ["RuntimeError: engine step failed"] * 3
+        assert "engine steps are failing (KeyError" in (engine.problem(stall_timeout_s=60) or "")
+        failures = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert len(failures) == 1 and "failing every request" in failures[0].getMessage()  # not one a request
+        is_broken.clear()
+        _wait(lambda: engine.problem(stall_timeout_s=60) is None)  # the next step passes, with no request
+        served: list[int] = []
+        core.add_request("after", [5, 6], SamplingParams(max_tokens=2), lambda out: served.extend(out.token_ids))
+        _wait(lambda: len(served) == 2)
+    finally:
+        engine.shutdown()
