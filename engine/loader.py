@@ -17,10 +17,12 @@ import torch
 from safetensors import safe_open
 
 from infer.engine.config import EngineConfig, Quantization
-from infer.engine.gguf.config import GGUFConfigError, gguf_model_config
+from infer.engine.gguf.check import checked_config
+from infer.engine.gguf.config import GGUFConfigError
 from infer.engine.gguf.source import GGUFSource, GGUFSourceError, find_gguf, open_gguf
 from infer.engine.gguf.weights import GGUFWeightError, fill_model
 from infer.engine.interface import ModelInfo
+from infer.engine.model_check import ModelCheckError, check_special_ids, check_tensors, check_vocab
 from infer.engine.model_config import ModelConfig, parse_model_config
 from infer.engine.models import CausalLM, Target, checkpoint_target, convert_tensor
 from infer.engine.runner import ModelRunner, kv_cache_bytes_per_block
@@ -134,9 +136,28 @@ def load_model(model_path: str | Path, config: EngineConfig | None = None, kerne
 def _load_directory(path: Path, config: EngineConfig, kernels: str | None) -> CausalLM:
     if not path.is_dir():
         raise ModelLoadError(f"model directory not found: {path}")
-    model = _empty_model(load_model_config(path), config, kernels)
-    _load_weights(model, weight_files(path))
+    cfg = load_model_config(path)
+    config.for_model(cfg.max_position_embeddings)  # a max_model_len past the model's: before the weights are read
+    files = weight_files(path)
+    _check_tensor_shapes(cfg, files, path)
+    model = _empty_model(cfg, config, kernels)
+    _load_weights(model, files)
     return _placed(model, config, "none" if config.quantization == "auto" else config.quantization)
+
+
+def _check_tensor_shapes(cfg: ModelConfig, files: list[Path], model_dir: Path) -> None:
+    """The config against the shapes in the weight files' headers, before a layer is built (`model_check.py`)."""
+    shapes: list[tuple[str, str, tuple[int, ...]]] = []
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                shapes += [(name, name, tuple(f.get_slice(name).get_shape())) for name in f.keys()]  # noqa: SIM118
+        except Exception as e:  # NOTE: safetensors raises its own SafetensorError for a bad header
+            raise ModelLoadError(f"cannot read the tensors of {path}: {e}") from None
+    try:
+        check_tensors(cfg, shapes)
+    except ModelCheckError as e:
+        raise ModelLoadError(f"{model_dir / 'config.json'}: {e}") from None
 
 
 def _empty_model(cfg: ModelConfig, config: EngineConfig, kernels: str | None) -> CausalLM:
@@ -170,11 +191,9 @@ def open_source(gguf_file: Path) -> GGUFSource:
 
 
 def gguf_config(source: GGUFSource) -> ModelConfig:
-    embedding = source.tensor("token_embd.weight")
-    if embedding is None:
-        raise ModelLoadError(f"{source.path}: no token_embd.weight tensor")
+    """The file's model config, checked against its tensors and vocabulary before a layer is built."""
     try:
-        return gguf_model_config(source.meta, embedding.shape[0], source.tensor("output.weight") is not None)
+        return checked_config(source.meta, source.tensors)
     except GGUFConfigError as e:
         raise ModelLoadError(f"{source.path}: {e}") from None
 
@@ -239,7 +258,23 @@ def _load_gguf(gguf_file: Path, config: EngineConfig, template: str | None) -> t
     lower but the server held 30-70 MB more after its first 17 requests (Gemma 3 270M, Qwen2.5-Coder 0.5B)."""
     source = open_source(gguf_file)
     model = load_gguf_model(source, config)
-    return model, gguf_tokenizer(source, template), source.name
+    tokenizer = gguf_tokenizer(source, template)
+    check_tokenizer(model.cfg, tokenizer, str(gguf_file))
+    return model, tokenizer, source.name
+
+
+def check_tokenizer(cfg: ModelConfig, tokenizer: Tokenizer, where: str) -> None:
+    """No id the tokenizer makes past the embedding's rows (fewer is fine: padded embeddings), its eos and bos
+    ids among them; ModelLoadError naming what does not fit."""
+    special = {
+        "eos": sorted(tokenizer.eos_token_ids),
+        "bos": [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id],
+    }
+    try:
+        check_vocab(cfg, tokenizer.vocab_size)
+        check_special_ids(cfg, special)
+    except ModelCheckError as e:
+        raise ModelLoadError(f"{where}: {e}") from None
 
 
 def _load_directory_and_tokenizer(
@@ -250,6 +285,7 @@ def _load_directory_and_tokenizer(
         tokenizer = Tokenizer.from_dir(path, model.cfg.eos_token_ids)
     except TokenizerLoadError as e:
         raise ModelLoadError(str(e)) from None
+    check_tokenizer(model.cfg, tokenizer, str(path / "tokenizer.json"))
     if template is not None:
         tokenizer.chat_template = template
     return model, tokenizer, path.name

@@ -5,9 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from infer.engine.model_check import ModelCheckError, check_config
 from infer.kernels import RopeConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma3_text", "gemma3")
+# NOTE: bounds far past every real model's, so that a config that lies cannot make parsing itself allocate (a tuple
+# per layer) before its tensors are compared with it (`model_check.check_tensors`)
+SIZE_BOUNDS = {
+    "vocab_size": 1 << 24,
+    "hidden_size": 1 << 17,
+    "intermediate_size": 1 << 20,
+    "num_hidden_layers": 1 << 12,
+    "num_attention_heads": 1 << 12,
+    "num_key_value_heads": 1 << 12,
+    "head_dim": 1 << 12,
+    "max_position_embeddings": 1 << 30,
+    "sliding_window": 1 << 30,
+}
 
 
 @dataclass(frozen=True)
@@ -77,20 +91,41 @@ def _rope_params(cfg: dict[str, Any], key: str | None = None) -> dict[str, Any]:
     return {**scaling, **params}
 
 
+def size(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    """`cfg[key]`, a whole number in 1..SIZE_BOUNDS[key] (`default` when missing or null, KeyError when none)."""
+    value = cfg.get(key)
+    if value is None:
+        if default is None:
+            raise KeyError(key)
+        value = default
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or not 1 <= value <= SIZE_BOUNDS[key]:
+        raise ModelCheckError(key, f"{value!r} is not a whole number in 1..{SIZE_BOUNDS[key]}")
+    return int(value)
+
+
+def _head_dim(cfg: dict[str, Any], num_heads: int) -> int:
+    if cfg.get("head_dim"):
+        return size(cfg, "head_dim")
+    hidden = size(cfg, "hidden_size")
+    if hidden % num_heads:
+        raise ModelCheckError("num_attention_heads", f"{num_heads} heads do not divide hidden_size {hidden}")
+    return hidden // num_heads
+
+
 def _common(cfg: dict[str, Any]) -> dict[str, Any]:
-    num_heads = int(cfg["num_attention_heads"])
-    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // num_heads)
+    num_heads = size(cfg, "num_attention_heads")
     return {
         "model_type": cfg["model_type"],
-        "vocab_size": int(cfg["vocab_size"]),
-        "hidden_size": int(cfg["hidden_size"]),
-        "intermediate_size": int(cfg["intermediate_size"]),
-        "num_layers": int(cfg["num_hidden_layers"]),
+        "vocab_size": size(cfg, "vocab_size"),
+        "hidden_size": size(cfg, "hidden_size"),
+        "intermediate_size": size(cfg, "intermediate_size"),
+        "num_layers": size(cfg, "num_hidden_layers"),
         "num_heads": num_heads,
-        "num_kv_heads": int(cfg.get("num_key_value_heads") or num_heads),
-        "head_dim": head_dim,
+        "num_kv_heads": size(cfg, "num_key_value_heads", num_heads),
+        "head_dim": _head_dim(cfg, num_heads),
         "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
-        "max_position_embeddings": int(cfg.get("max_position_embeddings", 8192)),
+        "max_position_embeddings": size(cfg, "max_position_embeddings", 8192),
         # Qwen2 has q/k/v biases and no `attention_bias` field
         "attention_bias": bool(cfg.get("attention_bias", cfg["model_type"] == "qwen2")),
         "eos_token_ids": _eos_ids(cfg.get("eos_token_id")),
@@ -107,7 +142,7 @@ def _llama_like(cfg: dict[str, Any], default_tie: bool) -> ModelConfig:
         base["max_position_embeddings"],
     )
     num_layers = base["num_layers"]
-    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    window = size(cfg, "sliding_window") if cfg.get("use_sliding_window") else None
     return ModelConfig(
         **base,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", default_tie)),
@@ -136,7 +171,7 @@ def _gemma3(cfg: dict[str, Any]) -> ModelConfig:
         **base,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         ropes=tuple(local if s else global_ for s in is_sliding),
-        sliding_windows=tuple(int(cfg["sliding_window"]) if s else None for s in is_sliding),
+        sliding_windows=tuple(size(cfg, "sliding_window") if s else None for s in is_sliding),
         attn_scale=float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5,
         hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh",
         qk_norm=True,
@@ -148,7 +183,8 @@ def _gemma3(cfg: dict[str, Any]) -> ModelConfig:
 
 
 def parse_model_config(cfg: dict[str, Any]) -> ModelConfig:
-    """Build a ModelConfig from a parsed `config.json`; ValueError for what we cannot serve."""
+    """Build a ModelConfig from a parsed `config.json`; ValueError for what we cannot serve (`ModelCheckError`,
+    naming the field, for sizes past their bounds or a config that contradicts itself: `model_check.py`)."""
     model_type = cfg.get("model_type")
     if model_type == "gemma3":
         # multimodal Gemma 3: serve its text model
@@ -158,8 +194,10 @@ def parse_model_config(cfg: dict[str, Any]) -> ModelConfig:
         supported = ", ".join(SUPPORTED_MODEL_TYPES)
         raise ValueError(f"unsupported model_type {model_type!r} in config.json (supported: {supported})")
     try:
-        if model_type == "gemma3_text":
-            return _gemma3(cfg)
-        return _llama_like(cfg, default_tie=False)
+        parsed = _gemma3(cfg) if model_type == "gemma3_text" else _llama_like(cfg, default_tie=False)
     except KeyError as e:
         raise ValueError(f"config.json is missing required field {e.args[0]!r}") from None
+    except (TypeError, ArithmeticError) as e:  # a value of the wrong kind (a list, null, a negative query scale)
+        raise ValueError(f"config.json holds a value that cannot be used: {e}") from None
+    check_config(parsed)
+    return parsed

@@ -68,6 +68,10 @@ def open_gguf(path: Path) -> GGUFSource:
         meta, infos, data_offset = read_gguf_header(path)
     except ValueError as e:  # the message names the file and the field
         raise GGUFSourceError(str(e)) from None
+    names = [info.name for info in infos]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise GGUFSourceError(f"{path}: tensor {twice[0]!r} comes twice in the file")
     with path.open("rb") as f:
         file_map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return GGUFSource(path, meta, tuple(_tensor(path, file_map, data_offset, info) for info in infos))
@@ -84,6 +88,11 @@ def _tensor(path: Path, file_map: mmap.mmap, data_offset: int, info: TensorInfo)
     block_size, type_size = GGML_QUANT_SIZES[tensor_type]
     elements = math.prod(info.dims)
     start, num_bytes = data_offset + info.offset, elements // block_size * type_size
+    if info.dims and info.dims[0] % block_size:  # NOTE: a row holds whole blocks (ggml's rule), so rows are views
+        raise GGUFSourceError(
+            f"{path}: tensor {info.name!r} has rows of {info.dims[0]} values, not whole {tensor_type.name} blocks"
+            f" of {block_size}"
+        )
     if elements % block_size or start + num_bytes > len(file_map):
         raise GGUFSourceError(f"{path} is truncated or corrupt: tensor {info.name!r} runs past the end of the file")
     shape = tuple(reversed(info.dims))
