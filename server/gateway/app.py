@@ -24,7 +24,7 @@ from starlette.types import ASGIApp
 from infer.api import DEFAULT_ADDRESS
 from infer.clients.channel import ClientTls, read_file
 from infer.server.gateway.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
-from infer.server.gateway.guard import Guard, HttpLimits
+from infer.server.gateway.guard import INCOMPLETE_HEAD_BYTES, Guard, HttpLimits
 from infer.server.gateway.metrics import GatewayMetrics, MetricsMiddleware
 from infer.server.gateway.origins import BrowserPolicy, cors, is_loopback_address
 from infer.server.gateway.protocol import with_header_timeout
@@ -249,7 +249,8 @@ class GatewayServer:
         uv_config = uvicorn.Config(
             self.app, log_config=None, lifespan="on", access_log=cfg.access_log,
             timeout_graceful_shutdown=max(int(cfg.shutdown_grace_s), 1),
-            http=with_header_timeout(cfg.limits.header_timeout_s), **_ssl_options(cfg.tls),
+            http=with_header_timeout(cfg.limits.header_timeout_s), h11_max_incomplete_event_size=INCOMPLETE_HEAD_BYTES,
+            **_ssl_options(cfg.tls),
         )  # fmt: skip
         self._server = _Server(uv_config, cfg.limits.header_timeout_s)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")

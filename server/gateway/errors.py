@@ -19,7 +19,7 @@ from infer.clients import InferError
 
 RETRY_AFTER_S = {429: 1, 503: 2}  # the Retry-After header of a refused request
 _TYPES = {  # OpenAI's error types by HTTP status; the rest are server_error
-    **dict.fromkeys((400, 401, 403, 404, 405, 408, 409, 413, 415, 422), "invalid_request_error"),
+    **dict.fromkeys((400, 401, 403, 404, 405, 408, 409, 413, 415, 422, 431), "invalid_request_error"),
     429: "rate_limit_error",
     504: "timeout_error",
 }
@@ -127,6 +127,8 @@ def _invalid_argument(details: str, field: str | None, reason: ErrorReason | Non
     param = None if field is None else _body_param(field)
     if reason is ErrorReason.CONTEXT_LENGTH_EXCEEDED:  # as OpenAI answers a prompt over the context
         return APIError(400, details, code="context_length_exceeded", param="messages" if param is None else param)
+    if reason is ErrorReason.CHAT_TEMPLATE_FAILED:  # the template's doing or the messages': a client error
+        return APIError(400, details, code="chat_template_error", param="messages")
     if reason is ErrorReason.DUPLICATE_REQUEST_ID:
         return APIError(409, details, code="duplicate_request_id", param="X-Request-Id")
     if field == "request_id":

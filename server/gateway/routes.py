@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 # forwarded as gRPC metadata: the caller's API key (the model server checks it), W3C trace context
 FORWARDED_HEADERS = (API_KEY_METADATA, "traceparent", "tracestate")
 _METADATA_VALUE = re.compile(r"[ -~]*")  # what gRPC takes in a text metadata value: visible ASCII and space
+# the forwarded headers in all, well inside gRPC's default bound on a call's metadata (8 KiB with gRPC's own headers:
+# past it a server may refuse the call RESOURCE_EXHAUSTED, which would read as 429 "server busy"; past 16 KiB it does)
+MAX_FORWARDED_BYTES = 4 * 1024
 Handler = Callable[[Request, str], Awaitable[Response]]
 M = TypeVar("M", bound=BaseModel)
 
@@ -105,6 +108,7 @@ async def _parse(request: Request, schema: type[M]) -> M:
 def _metadata(request: Request, tenant_header: str | None = None) -> Metadata:
     """The forwarded headers, less those gRPC cannot carry (a tab, a byte past ASCII): dropped, not a 500; and the
     tenant header (`tenant_header`), which the model server reads: sent twice, or a value gRPC cannot carry, 422.
+    More than MAX_FORWARDED_BYTES of them: 431.
 
     NOTE: a dropped `authorization` reaches the model server as no key: with keys there, a 401.
     """
@@ -122,6 +126,12 @@ def _metadata(request: Request, tenant_header: str | None = None) -> Metadata:
             message = f"{tenant_header}: send it once, in visible ASCII"
             raise APIError(422, message, code="invalid_value", param=tenant_header)
         metadata.append((tenant_header, values[0]))
+    if (num_bytes := sum(len(name) + len(value) for name, value in metadata)) > MAX_FORWARDED_BYTES:
+        names = ", ".join(name for name, _ in metadata)
+        message = (
+            f"headers {names}: {num_bytes} bytes, more than the {MAX_FORWARDED_BYTES} forwarded to the model server"
+        )
+        raise APIError(431, message, code="request_header_fields_too_large")
     return metadata
 
 

@@ -68,6 +68,23 @@ def test_a_header_grpc_cannot_carry_is_dropped_not_a_500(
     assert fake.metadata[-1][header] == "visible ASCII and spaces"
 
 
+@pytest.mark.parametrize("header", ["traceparent", "tracestate", "authorization"])
+def test_a_64_kib_forwarded_header_is_431_not_429(http: httpx.Client, fake: FakeInference, header: str) -> None:
+    """gRPC refuses metadata this large RESOURCE_EXHAUSTED, which read as 429 "server busy": clients retried."""
+    num_requests = len(fake.requests)
+    for size in (65536, 10_000):  # the guard's bound on all headers; the one on those sent on as gRPC metadata
+        error = error_of(http.post(COMPLETIONS, json=completion_body(), headers={header: "a" * size}), 431)
+        assert error["code"] == "request_header_fields_too_large" and error["type"] == "invalid_request_error"
+    assert header in error["message"] and len(fake.requests) == num_requests
+    assert http.post(COMPLETIONS, json=completion_body(), headers={header: "a" * 3000}).status_code == 200
+
+
+def test_a_64_kib_header_of_any_name_is_431(http: httpx.Client, fake: FakeInference) -> None:
+    for path in ("/health", "/v1/models"):
+        error = error_of(http.get(path, headers={"x-padding": "a" * 65536}), 431)
+        assert "more than 32768 in all" in error["message"]
+
+
 def test_a_dropped_authorization_meets_the_upstreams_key_check(loop: LoopThread) -> None:
     with (
         guarded(loop, keys=ApiKeys(["sk-1"])) as upstream,

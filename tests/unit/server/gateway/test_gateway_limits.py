@@ -123,6 +123,17 @@ def test_content_length_with_transfer_encoding_is_400_and_closed(limited: Runnin
     assert fake.requests == []
 
 
+def test_a_large_head_in_pieces_is_431_like_one_in_one_piece(limited: RunningGateway, fake: FakeInference) -> None:
+    """h11 alone refuses a head that arrives in pieces past 16 KiB (400, plain text) and takes one that arrives
+    whole: its bound is raised past the guard's, which answers 431 either way."""
+    head = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: {'a' * 40_000}\r\n\r\n".encode()
+    with _connect(limited) as sock:
+        for start in range(0, len(head), 8192):
+            sock.sendall(head[start : start + 8192])
+        response = _read_until_closed(sock)
+    assert response.startswith(b"HTTP/1.1 431"), response[:200]
+
+
 def test_the_metrics_port_times_out_like_the_others(upstream: FakeUpstream, loop: LoopThread) -> None:
     # NOTE: prometheus_client's own server held an idle or slowloris connection (and a thread) for ever
     with running_gateway(upstream.address, loop, limits=LIMITS, metrics_port=0) as gateway:
