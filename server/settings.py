@@ -14,6 +14,7 @@ from typing import Any
 
 from infer.api import DEFAULT_GRPC_PORT
 from infer.engine import DTYPES, QUANTIZATIONS, EngineConfig, check
+from infer.engine.threads import allowed_cpus
 from infer.kernels import BACKENDS
 from infer.server.gateway.origins import parse_origins
 from infer.server.limits import RequestLimits
@@ -91,6 +92,9 @@ class ServerConfig:
         check("max_prompt_chars", self.max_prompt_chars is None or self.max_prompt_chars >= 1, "must be >= 1")
         check("max_pending_long_prompts", self.max_pending_long_prompts >= 1, "must be >= 1")
         check("max_streams_per_connection", self.max_streams_per_connection >= 1, "must be >= 1")
+        threads, cores = self.engine.cpu_threads, len(allowed_cpus())  # NOTE: 100,000 crashed OpenMP, 5,000 hung
+        check("cpu_threads", threads <= cores, f"{threads} is more than the {cores} cores this process may run on "
+              "(0: as many as are free)")  # fmt: skip
         check("http_header_timeout_s", self.http_header_timeout_s > 0, "must be > 0")
         check("http_body_timeout_s", self.http_body_timeout_s > 0, "must be > 0")
         age_s, age_grace_s = self.max_connection_age_s, self.max_connection_age_grace_s
@@ -366,7 +370,8 @@ SETTINGS: tuple[Setting, ...] = (
         "cpu_threads",
         int,
         "CPU threads: 0 = as many as other processes leave cores free, re-read every half second, up to torch's "
-        "count (OMP_NUM_THREADS, else one per core) and the cgroup CPU quota; N = exactly N",
+        "count (OMP_NUM_THREADS, else one per core) and the cgroup CPU quota; N = exactly N, at most the cores this "
+        "process may run on (more is refused at start)",
     ),
     Setting(
         "kernels",
