@@ -118,19 +118,23 @@ def check_tensors(cfg: ModelConfig, tensors: Iterable[tuple[str, str, tuple[int,
             found = _GLOBAL.search(name)
             expected = None if found is None else global_shapes[found.group(1)]
         if expected is not None:
-            _check_shape(shown, shape, expected)
+            _check_shape(cfg, shown, shape, expected)
     missing = sorted(set(range(cfg.num_layers)) - layers)
     _require(not missing, "num_hidden_layers",
              f"{cfg.num_layers} layers, but the file has no tensor of layer {missing[0] if missing else 0}"
              f" ({len(layers)} layers have tensors)")  # fmt: skip
 
 
-def _check_shape(shown: str, shape: tuple[int, ...], expected: tuple[tuple[int, str], ...]) -> None:
+def _check_shape(cfg: ModelConfig, shown: str, shape: tuple[int, ...], expected: tuple[tuple[int, str], ...]) -> None:
     want = tuple(size for size, _ in expected)
     if tuple(shape) == want:
         return
     field = next((f for (size, f), got in zip(expected, shape, strict=False) if size != got), expected[0][1])
-    raise ModelCheckError(field, f"tensor {shown!r} has shape {tuple(shape)}, the config implies {want}")
+    detail = f"tensor {shown!r} has shape {tuple(shape)}, the config implies {want}"
+    if field in ("num_attention_heads", "num_key_value_heads"):  # NOTE: rows of heads times the head size
+        heads = cfg.num_heads if field == "num_attention_heads" else cfg.num_kv_heads
+        detail += f" ({heads} heads of head_dim {cfg.head_dim})"
+    raise ModelCheckError(field, detail)
 
 
 def check_vocab(cfg: ModelConfig, num_ids: int) -> None:

@@ -1,0 +1,117 @@
+"""The header walk trusts no count: each count, length, dimension and offset that the file cannot hold is an
+error naming the field (or tensor) and the file, found before anything of that size is allocated."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from gguf import GGUFValueType
+
+from infer.engine.gguf import metadata
+from infer.engine.gguf.metadata import GGUFMetadataError, read_gguf_header
+from infer.engine.gguf.source import GGUFSourceError, open_gguf
+from tests.helpers.gguf_layout import header_slots, patched, rewritten, slot
+from tests.helpers.tiny_gguf import write_tiny_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("bounds") / "tiny.gguf", "llama")
+
+
+def _lie(tiny: Path, tmp_path: Path, label: str, value: int) -> Path:
+    out = tmp_path / "lie.gguf"
+    out.write_bytes(patched(tiny.read_bytes(), slot(tiny, label), value))
+    return out
+
+
+def _refused(path: Path, match: str) -> str:
+    start = time.perf_counter()
+    with pytest.raises((GGUFMetadataError, GGUFSourceError), match=match) as err:
+        open_gguf(path)
+    assert time.perf_counter() - start < 0.5
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("label", ["tensor_count", "kv_count"])
+@pytest.mark.parametrize("value", [10**6, 2**63])
+def test_header_counts_past_the_file_are_refused(tiny: Path, tmp_path: Path, label: str, value: int) -> None:
+    _refused(_lie(tiny, tmp_path, label, value), "header counts")
+
+
+@pytest.mark.parametrize("value", [10**9, 2**40])
+def test_an_array_longer_than_the_file_names_its_key(tiny: Path, tmp_path: Path, value: int) -> None:
+    _refused(_lie(tiny, tmp_path, "tokenizer.ggml.token_type count", value), "tokenizer.ggml.token_type")
+
+
+def test_a_vocabulary_longer_than_the_file_names_its_key(tiny: Path, tmp_path: Path) -> None:
+    _refused(_lie(tiny, tmp_path, "tokenizer.ggml.tokens count", 2**33), "'tokenizer.ggml.tokens'.*truncated")
+
+
+def test_a_string_longer_than_the_file_names_its_key(tiny: Path, tmp_path: Path) -> None:
+    _refused(_lie(tiny, tmp_path, "tokenizer.ggml.model length", 2**62), "'tokenizer.ggml.model'.*string of")
+
+
+def test_a_key_longer_than_the_file_names_its_place(tiny: Path, tmp_path: Path) -> None:
+    first_key = next(s for s in header_slots(tiny) if s.label == "key length")
+    out = tmp_path / "key.gguf"
+    out.write_bytes(patched(tiny.read_bytes(), first_key, 2**60))
+    _refused(out, "key of field #0")
+
+
+def test_too_many_dimensions_name_the_tensor(tiny: Path, tmp_path: Path) -> None:
+    _refused(_lie(tiny, tmp_path, "output_norm.weight n_dims", 9), "'output_norm.weight'.*9 dimensions")
+
+
+@pytest.mark.parametrize("label", ["token_embd.weight dim 1", "token_embd.weight offset"])
+def test_a_tensor_past_the_end_is_named(tiny: Path, tmp_path: Path, label: str) -> None:
+    _refused(_lie(tiny, tmp_path, label, 2**40), "'token_embd.weight' runs past the end")
+
+
+def test_a_row_of_partial_blocks_is_named(tiny: Path, tmp_path: Path) -> None:
+    _refused(_lie(tiny, tmp_path, "token_embd.weight dim 0", 255), "'token_embd.weight' has rows of 255")
+
+
+@pytest.mark.parametrize("alignment", [0, 3, 2**31])
+def test_an_alignment_not_a_power_of_two_is_refused(tiny: Path, tmp_path: Path, alignment: int) -> None:
+    path = rewritten(tiny, tmp_path / "a.gguf", {"general.alignment": (alignment, GGUFValueType.UINT32, None)})
+    _refused(path, "general.alignment")
+
+
+def test_a_field_given_twice_is_named(tiny: Path, tmp_path: Path) -> None:
+    slots = header_slots(tiny)
+    at = next(i for i, s in enumerate(slots) if s.label == "llama.block_count")
+    first, value = slots[at - 2], slots[at]  # its key's length, then its type, then its value
+    data = tiny.read_bytes()
+    field = data[first.offset : value.offset + value.size]
+    twice = data[: value.offset + value.size] + field + data[value.offset + value.size :]
+    kv_count = slot(tiny, "kv_count")
+    out = tmp_path / "twice.gguf"
+    out.write_bytes(patched(twice, kv_count, int(kv_count.read(data)) + 1))
+    _refused(out, "'llama.block_count' comes twice")
+
+
+def test_arrays_nested_too_deep_are_refused(tiny: Path, tmp_path: Path) -> None:
+    nested = [[[[1]]]]
+    path = rewritten(tiny, tmp_path / "n.gguf", {"test.nested": (nested, GGUFValueType.ARRAY, GGUFValueType.ARRAY)})
+    _refused(path, "'test.nested'.*nested")
+
+
+def test_the_metadata_values_are_bounded_in_all(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metadata, "MAX_METADATA_ELEMENTS", 300)  # the vocabulary (256) and its types (256)
+    with pytest.raises(GGUFMetadataError, match="more than 300 array values"):
+        read_gguf_header(tiny)
+
+
+def test_a_large_file_is_validated_from_its_header_alone(tiny: Path, tmp_path: Path) -> None:
+    big = tmp_path / "big.gguf"
+    big.write_bytes(tiny.read_bytes())
+    with big.open("r+b") as f:
+        f.truncate(1 << 30)  # NOTE: sparse: 1 GiB that takes no disk
+    start = time.perf_counter()
+    source = open_gguf(big)
+    assert time.perf_counter() - start < 1.0
+    assert len(source.tensors) == len(open_gguf(tiny).tensors)
