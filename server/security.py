@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -60,8 +61,38 @@ class TlsFiles:
         return cls(cert, key, client_ca)
 
 
+def _no_password() -> bytes:
+    return b""  # NOTE: an encrypted key fails to load, rather than OpenSSL asking for a password on the terminal
+
+
+def check_tls(tls: TlsFiles) -> None:
+    """ValueError naming the setting when a file holds no PEM certificate or key, or the key is not the
+    certificate's (OSError when one cannot be read). Checked before listening: grpc and uvicorn report a bad
+    certificate only as a failure to listen."""
+    pems = {what: read_file(path, what) for what, path in (("tls_key", tls.key_file), ("tls_cert", tls.cert_file))}
+    if tls.client_ca_file is not None:
+        pems["tls_client_ca"] = read_file(tls.client_ca_file, "tls_client_ca")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    for what in ("tls_cert", "tls_client_ca"):
+        if what in pems:
+            try:
+                context.load_verify_locations(cadata=pems[what].decode("ascii", errors="replace"))
+            except (ssl.SSLError, ValueError):
+                path = tls.cert_file if what == "tls_cert" else tls.client_ca_file
+                raise ValueError(f"{what}: {path} holds no PEM certificate") from None
+    try:
+        context.load_cert_chain(tls.cert_file, tls.key_file, password=_no_password)
+    except ssl.SSLError as e:
+        if e.reason == "KEY_VALUES_MISMATCH":
+            raise ValueError(f"tls_key: {tls.key_file} is not the private key of tls_cert {tls.cert_file}") from None
+        problem = "holds no PEM private key (or one that needs a password, which the server cannot give)"
+        raise ValueError(f"tls_key: {tls.key_file} {problem}") from None
+
+
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
-    """gRPC server credentials; client certificates required when a client CA is given."""
+    """gRPC server credentials (the files checked first: `check_tls`); client certificates required when a
+    client CA is given."""
+    check_tls(tls)
     pair = (read_file(tls.key_file, "tls_key"), read_file(tls.cert_file, "tls_cert"))
     client_ca = read_file(tls.client_ca_file, "tls_client_ca") if tls.client_ca_file else None
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)

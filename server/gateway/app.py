@@ -22,7 +22,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from infer.api import DEFAULT_ADDRESS
-from infer.clients.channel import ClientTls, read_file
+from infer.clients.channel import ClientTls
 from infer.server.gateway.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from infer.server.gateway.guard import INCOMPLETE_HEAD_BYTES, Guard, HttpLimits
 from infer.server.gateway.metrics import GatewayMetrics, MetricsMiddleware
@@ -31,7 +31,7 @@ from infer.server.gateway.protocol import with_header_timeout
 from infer.server.gateway.routes import Routes
 from infer.server.gateway.upstream import Upstream
 from infer.server.metrics_http import start_metrics_server
-from infer.server.security import ApiKeys, TlsFiles, header_problem
+from infer.server.security import ApiKeys, TlsFiles, check_tls, header_problem
 
 logger = logging.getLogger(__name__)
 
@@ -221,9 +221,7 @@ def _listen(host: str, port: int) -> socket.socket:
 def _ssl_options(tls: TlsFiles | None) -> dict[str, Any]:
     if tls is None:
         return {}
-    for path, what in ((tls.cert_file, "tls_cert"), (tls.key_file, "tls_key"), (tls.client_ca_file, "tls_client_ca")):
-        if path is not None:
-            read_file(path, what)  # NOTE: an OSError naming the setting, not ssl's bare errno
+    check_tls(tls)  # NOTE: an error naming the setting (OSError, ValueError), not ssl's bare errno or PEM lib
     required = {"ssl_ca_certs": tls.client_ca_file, "ssl_cert_reqs": ssl.CERT_REQUIRED} if tls.client_ca_file else {}
     return {"ssl_certfile": tls.cert_file, "ssl_keyfile": tls.key_file, **required}
 

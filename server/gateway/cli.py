@@ -148,4 +148,7 @@ def run_gateway_command(args: argparse.Namespace) -> int:
     except OSError as e:  # a busy port, an unreadable certificate
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:  # a certificate or key that is not one, a key not the certificate's
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0

@@ -16,7 +16,8 @@ from infer.api import pb, pb_grpc
 from infer.clients.channel import ClientTls, channel, read_keys, with_api_key
 from infer.engine import InputProcessor, Prompt, SamplingParams
 from infer.server import security
-from infer.server.app import grpc_options
+from infer.server.app import InferenceServer, grpc_options
+from infer.server.gateway.app import _ssl_options
 from infer.server.limits import RequestLimits
 from infer.server.security import ApiKeys, TlsFiles, server_credentials
 from infer.server.settings import ServerConfig
@@ -152,6 +153,33 @@ def test_mtls_refuses_a_client_without_a_certificate(loop: LoopThread, certs: Ce
 def test_unreadable_tls_files_name_the_setting(tmp_path: Path) -> None:
     with pytest.raises(OSError, match=r"tls_key: cannot read .*nope\.key"):
         server_credentials(TlsFiles(str(tmp_path / "nope.pem"), str(tmp_path / "nope.key")))
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        (lambda c, junk: (junk, c.server_key, None), r"tls_cert: .*junk\.pem holds no PEM certificate"),
+        (lambda c, junk: (c.server_key, c.server_key, None), r"tls_cert: .*server\.key holds no PEM certificate"),
+        (lambda c, junk: (c.server_cert, junk, None), r"tls_key: .*junk\.pem holds no PEM private key"),
+        (lambda c, junk: (c.server_cert, c.client_key, None), r"tls_key: .*client\.key is not the private key of"),
+        (lambda c, junk: (c.server_cert, c.server_key, junk), r"tls_client_ca: .*junk\.pem holds no PEM certificate"),
+    ],
+)
+def test_a_bad_certificate_is_named_before_listening(
+    loop: LoopThread, certs: Certs, tmp_path: Path, files: Any, message: str
+) -> None:
+    """Not "cannot listen on 0.0.0.0:50051 (in use?)", which grpc's failure to listen with it used to read as."""
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    cert, key, client_ca = files(certs, str(junk))
+    config = ServerConfig(grpc_port=0, http_port=None, metrics_port=None, tls_cert=cert, tls_key=key,
+                          tls_client_ca=client_ca)  # fmt: skip
+    server = InferenceServer(config)
+    with pytest.raises(ValueError, match=message):
+        loop.call(server.start())
+    assert server.port == 0  # nothing listened
+    with pytest.raises(ValueError, match=message):  # `infer gateway`'s HTTPS too
+        _ssl_options(TlsFiles(cert, key, client_ca))
 
 
 # limits
