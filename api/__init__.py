@@ -108,6 +108,8 @@ class ErrorReason(enum.StrEnum):
     NOT_SERVING = "NOT_SERVING"  # UNAVAILABLE: the server is starting or draining; try another replica
     BUDGET_EXCEEDED = "BUDGET_EXCEEDED"  # RESOURCE_EXHAUSTED: the tenant's token budget is spent; retry after
     # RETRY_AFTER_KEY seconds
+    CHAT_TEMPLATE_FAILED = "CHAT_TEMPLATE_FAILED"  # INVALID_ARGUMENT: the model's chat template raised on the
+    # messages, or ran past its time or size bound
 
 
 def error_reason(trailing_metadata: Iterable[tuple[str, str | bytes]] | None) -> ErrorReason | None:

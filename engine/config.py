@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import torch
 
+from infer.engine.chat_template import DEFAULT_TIMEOUT_S
 from infer.engine.speculative import MAX_SPECULATIVE_TOKENS
 from infer.engine.structured import DEFAULT_COMPILE_BUDGET_S, DEFAULT_MAX_PENDING_GRAMMARS
 from infer.engine.validation import check
@@ -42,6 +43,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 class EngineConfig:
     model: str | None = None  # a Hugging Face directory or a GGUF file; None = the default model
     chat_template: str | None = None  # a Jinja file that replaces the model's chat template (None: the model's)
+    chat_template_timeout_s: float = DEFAULT_TIMEOUT_S  # one chat template render's time bound (chat_template.py)
     max_model_len: int = 0  # prompt + generated tokens of one request; 0 = min(2048, the model's max positions)
     max_num_seqs: int = 64  # requests running at once
     # token budget of one step. NOTE: 256, not 512: on 2 CPU cores a 512-token prefill chunk held every decoding
@@ -99,6 +101,7 @@ class EngineConfig:
         check("static_batch_wait_s", self.static_batch_wait_s >= 0, "must be >= 0")
         check("grammar_compile_budget_s", self.grammar_compile_budget_s > 0, "must be > 0")
         check("max_pending_grammars", self.max_pending_grammars >= 1, "must be >= 1")
+        check("chat_template_timeout_s", self.chat_template_timeout_s > 0, "must be > 0")
         check("kv_events", not self.kv_events or self.enable_prefix_caching,
               "needs enable_prefix_caching (without it no block is ever cached)")  # fmt: skip
         check("kv_events_endpoint", "://" in self.kv_events_endpoint, "must be a ZMQ address (tcp://*:5557)")

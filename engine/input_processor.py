@@ -15,12 +15,13 @@ from typing import Any
 
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.structured import Constraint
-from infer.engine.tokenizer import Tokenizer
+from infer.engine.tokenizer import TemplateFailed, TemplateTooLong, Tokenizer
 from infer.engine.tools.parsers import ToolCallParser
 from infer.engine.tools.use import Tool, ToolChoice, ToolChoiceMode, ToolUse
 from infer.engine.validation import InvalidInput, Refusal, check
 
 _LIMITS = ("max_prompt_tokens", "max_output_tokens", "max_prompt_chars")
+RENDER_CHARS_PER_TOKEN = 16  # a rendered chat's bound without max_prompt_chars: this many a token of the context
 
 
 @dataclass(frozen=True)
@@ -141,15 +142,24 @@ class InputProcessor:
 
     def _render(self, prompt: Prompt, messages: Sequence[Mapping[str, Any]], use: ToolUse, limits: InputLimits) -> str:
         checked, variables = use.render([dict(m) for m in messages])
-        try:
+        max_chars = limits.max_prompt_chars or RENDER_CHARS_PER_TOKEN * self.max_model_len
+        try:  # NOTE: the template is stopped as soon as its output passes max_chars
             text = self.tokenizer.apply_chat_template(
-                checked, prompt.add_generation_prompt, **{**prompt.template_kwargs, **variables}
+                checked, prompt.add_generation_prompt, max_chars=max_chars, **{**prompt.template_kwargs, **variables}
             )
-        except ValueError as e:
+        except TemplateTooLong:
+            text = None
+        except TemplateFailed as e:  # the template's own fault or the messages': never the server's
+            raise InvalidInput("messages", str(e), Refusal.TEMPLATE_FAILED) from None
+        except ValueError as e:  # no chat template, an empty chat, messages the tools reject
             raise InvalidInput("messages", str(e)) from None
-        if limits.max_prompt_chars is not None and len(text) > limits.max_prompt_chars:  # before it is tokenized
-            message = f"the rendered chat is {len(text)} characters exceeds {limits.name('max_prompt_chars')}"
-            raise InvalidInput("messages", message, Refusal.CONTEXT_LENGTH)
+        if text is None or len(text) > max_chars:  # before it is tokenized
+            limit = (
+                limits.name("max_prompt_chars")
+                if limits.max_prompt_chars
+                else f"{max_chars} characters ({RENDER_CHARS_PER_TOKEN} a token of max_model_len {self.max_model_len})"
+            )
+            raise InvalidInput("messages", f"the rendered chat exceeds {limit}", Refusal.CONTEXT_LENGTH)
         return text
 
     def _check_prompt(self, prompt: Prompt, ids: Sequence[int], limits: InputLimits) -> None:

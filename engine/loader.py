@@ -26,7 +26,7 @@ from infer.engine.model_check import ModelCheckError, check_special_ids, check_t
 from infer.engine.model_config import ModelConfig, parse_model_config
 from infer.engine.models import CausalLM, Target, checkpoint_target, convert_tensor
 from infer.engine.runner import ModelRunner, kv_cache_bytes_per_block
-from infer.engine.tokenizer import Tokenizer, TokenizerLoadError
+from infer.engine.tokenizer import ChatTemplateError, Tokenizer, TokenizerLoadError
 from infer.kernels import select_kernels
 
 
@@ -234,6 +234,7 @@ def _engine_parts(config: EngineConfig) -> tuple[EngineConfig, ModelRunner, Toke
         model, tokenizer, model_id = _load_gguf(gguf_file, config, template)
     else:
         model, tokenizer, model_id = _load_directory_and_tokenizer(path, config, template)
+    _check_chat_template(tokenizer, config)
     _return_freed_memory()  # before the KV cache: with it, the peak of the load
     config = config.for_model(model.cfg.max_position_embeddings)
     block_bytes = kv_cache_bytes_per_block(model, config.block_size, config.torch_dtype)
@@ -314,6 +315,19 @@ def _return_freed_memory() -> None:
     except (OSError, AttributeError):  # not glibc
         return
     trim(0)
+
+
+def _check_chat_template(tokenizer: Tokenizer, config: EngineConfig) -> None:
+    """The chat template bounded by the config's time bound, named after its file when `--chat-template` gave
+    it, and rendered once on a probe conversation: one that cannot render stops the load (ModelLoadError)."""
+    tokenizer.template_timeout_s = config.chat_template_timeout_s
+    if config.chat_template is not None:
+        tokenizer.template_origin = f"the chat template {config.chat_template} (--chat-template)"
+    try:
+        tokenizer.check_chat_template()
+    except ChatTemplateError as e:
+        raise ModelLoadError(f"{e}: the server does not start with a chat template that cannot render (replace it "
+                             "with --chat-template FILE)") from None  # fmt: skip
 
 
 def read_chat_template(path: str | None) -> str | None:

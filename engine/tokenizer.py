@@ -6,24 +6,31 @@ Behaviour follows transformers' `AutoTokenizer` (v5) for the same directory:
   `tokenizer.json` exists.
 - The named special tokens of `tokenizer_config.json` (bos, eos, unk, pad, ...) are registered as special
   added tokens, so `decode(skip_special_tokens=True)` drops them and `encode` never splits them.
-- Chat templates render in a sandbox with the same globals and filters as transformers.
+- Chat templates render in a sandbox with the same globals and filters as transformers, bounded in time and
+  size (engine/chat_template.py): a template is code from whoever made the file.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+import logging
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import jinja2
-from jinja2 import nodes
-from jinja2.ext import Extension, loopcontrols
-from jinja2.parser import Parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
+
+from infer.engine.chat_template import (
+    DEFAULT_TIMEOUT_S,
+    ChatTemplate,
+    ChatTemplateError,
+    RenderBounds,
+    TemplateFailed,
+    TemplateTooLong,
+)
+
+__all__ = ["ChatTemplateError", "TemplateFailed", "TemplateTooLong", "Tokenizer", "TokenizerLoadError"]
 
 # Named special tokens, in transformers' order; each is also a chat-template variable.
 SPECIAL_TOKEN_NAMES = (
@@ -32,14 +39,34 @@ SPECIAL_TOKEN_NAMES = (
 EXTRA_SPECIAL_KEYS = ("additional_special_tokens", "extra_special_tokens")
 
 TokenSpec = str | AddedToken
+logger = logging.getLogger(__name__)
+
+# what every chat template must render at load (`check_chat_template`), and, where it supports tools, a tool call
+PROBE_CHAT = (
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Hello!"},
+    {"role": "assistant", "content": "Hello, how can I help?"},
+    {"role": "user", "content": "What is the weather in Paris?"},
+)
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+PROBE_TOOL_CHAT = (
+    *PROBE_CHAT,
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+    ]},
+    {"role": "tool", "tool_call_id": "call_0", "name": "get_weather", "content": "18 C, sunny"},
+)  # fmt: skip
 
 
 class TokenizerLoadError(ValueError):
     """A tokenizer directory we cannot load; the message names the file."""
-
-
-class ChatTemplateError(ValueError):
-    """The model has no chat template, or the template rejected the messages."""
 
 
 class Tokenizer:
@@ -53,6 +80,8 @@ class Tokenizer:
         extra_special_tokens: Sequence[TokenSpec] = (),
         eos_token_ids: Iterable[int] = (),
         chat_template: str | None = None,
+        template_origin: str = "the chat template",
+        missing_template_hint: str = "give one with --chat-template, or add chat_template.jinja to the model directory",
     ) -> None:
         self._backend = backend
         named = dict(special_tokens or {})
@@ -66,8 +95,11 @@ class Tokenizer:
         if eos is not None and (eos_id := backend.token_to_id(eos)) is not None:
             eos_ids.add(eos_id)
         self.eos_token_ids: frozenset[int] = frozenset(eos_ids)
-        self.chat_template = chat_template
-        self._compiled_template: jinja2.Template | None = None
+        self._chat_template = chat_template
+        self.template_origin = template_origin  # names the template in errors
+        self.template_timeout_s = DEFAULT_TIMEOUT_S  # one render's time bound (the loader sets the server's)
+        self.missing_template_hint = missing_template_hint  # what the error for a chat without a template says
+        self._compiled_template: ChatTemplate | None = None
 
     @classmethod
     def from_dir(cls, model_dir: Path, model_eos_token_ids: Iterable[int] | None = None) -> Tokenizer:
@@ -99,6 +131,7 @@ class Tokenizer:
             extra_special_tokens=extra,
             eos_token_ids=eos_ids,
             chat_template=_load_chat_template(model_dir, tok_cfg),
+            template_origin=f"the chat template of {model_dir}",
         )
 
     # --- text <-> ids
@@ -128,16 +161,27 @@ class Tokenizer:
 
     # --- chat
 
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, template: str | None) -> None:
+        self._chat_template, self._compiled_template = template, None
+
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
+        max_chars: int | None = None,
         **template_vars: Any,
     ) -> str:
-        """Render `messages` like transformers' `apply_chat_template(..., tokenize=False)`.
+        """Render `messages` like transformers' `apply_chat_template(..., tokenize=False)`, within
+        `template_timeout_s` and `max_chars` characters (None: chat_template.DEFAULT_MAX_CHARS).
 
         Extra `template_vars` (e.g. `tools`, `enable_thinking`) are passed to the template; they override the
-        special-token variables. Raises ChatTemplateError when there is no template or rendering fails.
+        special-token variables. Raises ChatTemplateError when there is no template, TemplateFailed when it
+        fails (it raised, or ran out of time), TemplateTooLong when its output grew past `max_chars`.
         """
         if not messages:
             raise ChatTemplateError("cannot apply a chat template to an empty conversation")
@@ -145,12 +189,29 @@ class Tokenizer:
         # like transformers: keys whose value is None are dropped (OpenAI clients send content=None)
         chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
         variables: dict[str, Any] = {"tools": None, "documents": None, **self.special_tokens, **template_vars}
+        variables |= {"messages": chat, "add_generation_prompt": add_generation_prompt}
+        bounds = RenderBounds(self.template_timeout_s, *(() if max_chars is None else (max_chars,)))
+        return template.render(bounds, variables)
+
+    def check_chat_template(self) -> None:
+        """Render the template once on a probe conversation (system, user, assistant, user; then without the
+        system turn, which some templates refuse), so one that cannot render is found at load, not by every
+        request. ChatTemplateError names the template; a failure on a tool call and its result only is logged
+        (a template may not support tools). Nothing to check without a template."""
+        if self._chat_template is None:
+            return
         try:
-            return template.render(messages=chat, add_generation_prompt=add_generation_prompt, **variables)
-        except jinja2.TemplateError as e:  # raise_exception(...), sandbox violations
-            raise ChatTemplateError(f"chat template failed: {e}") from None
-        except (TypeError, ValueError, LookupError, AttributeError) as e:  # e.g. str + list content
-            raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
+            self.apply_chat_template(PROBE_CHAT)
+        except ChatTemplateError as e:
+            try:
+                self.apply_chat_template(PROBE_CHAT[1:])
+            except ChatTemplateError:
+                raise ChatTemplateError(f"{e} (on a probe conversation: system, user, assistant, user)") from None
+            logger.warning("%s refuses a system turn: %s", self.template_origin, e)
+        try:
+            self.apply_chat_template(PROBE_TOOL_CHAT, tools=[PROBE_TOOL])
+        except ChatTemplateError as e:
+            logger.warning("%s cannot render a tool call and its result: %s", self.template_origin, e)
 
     def encode_chat(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **template_vars: Any
@@ -159,14 +220,11 @@ class Tokenizer:
         text = self.apply_chat_template(messages, add_generation_prompt, **template_vars)
         return self.encode(text, add_special_tokens=False)
 
-    def _template(self) -> jinja2.Template:
+    def _template(self) -> ChatTemplate:
         if self._compiled_template is None:
-            if self.chat_template is None:
-                raise ChatTemplateError("this model has no chat template (no chat_template.jinja or config entry)")
-            try:
-                self._compiled_template = _chat_environment().from_string(self.chat_template)
-            except jinja2.TemplateError as e:
-                raise ChatTemplateError(f"invalid chat template: {e}") from None
+            if self._chat_template is None:
+                raise ChatTemplateError(f"this model has no chat template: {self.missing_template_hint}")
+            self._compiled_template = ChatTemplate(self._chat_template, self.template_origin)
         return self._compiled_template
 
 
@@ -234,49 +292,3 @@ def _load_chat_template(model_dir: Path, tok_cfg: Mapping[str, Any]) -> str | No
         named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
         raw = named.get("default")
     return raw if isinstance(raw, str) else None
-
-
-# --- chat template environment
-
-
-class _GenerationBlock(Extension):
-    """`{% generation %}...{% endgeneration %}` marks assistant text for training masks: render the body."""
-
-    tags = {"generation"}  # noqa: RUF012 (jinja2's class attribute)
-
-    def parse(self, parser: Parser) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-    def _body(self, caller: Callable[[], str]) -> str:
-        return caller()
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.TemplateError(message)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | str | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    """json.dumps without jinja's HTML escaping, non-ASCII kept as-is (transformers' `tojson`)."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _chat_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env

@@ -18,6 +18,7 @@ class Refusal(enum.Enum):
     DUPLICATE_ID = "duplicate_id"  # a request id already in flight
     DOES_NOT_COMPILE = "does_not_compile"  # a constraint (or a tool's parameters) the grammar compiler refuses
     QUEUE_FULL = "queue_full"  # a bounded queue is full: retry later (QueueFullError)
+    TEMPLATE_FAILED = "template_failed"  # the chat template raised or ran past its time bound on these messages
 
 
 class InvalidInput(ValueError):  # noqa: N818 (a ValueError: callers that catch ValueError keep working)

@@ -301,6 +301,12 @@ SETTINGS: tuple[Setting, ...] = (
         _optional_str,
         "a Jinja chat-template file that replaces the model's (for a model without one; default: the model's)",
     ),
+    Setting(
+        "chat_template_timeout_s",
+        float,
+        "seconds one chat-template render may take; a template that runs longer fails its request (400) and, on "
+        "the probe conversation at start, the start",
+    ),
     Setting("max_model_len", int, "prompt + generated tokens of one request (0 = min(2048, the model's))"),
     Setting("max_num_seqs", int, "requests running at once"),
     Setting("max_num_batched_tokens", int, "token budget of one engine step"),

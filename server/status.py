@@ -25,6 +25,7 @@ REASONS = {
     Refusal.DUPLICATE_ID: ErrorReason.DUPLICATE_REQUEST_ID,
     Refusal.DOES_NOT_COMPILE: ErrorReason.DOES_NOT_COMPILE,
     Refusal.QUEUE_FULL: ErrorReason.QUEUE_FULL,
+    Refusal.TEMPLATE_FAILED: ErrorReason.CHAT_TEMPLATE_FAILED,
 }
 
 

@@ -80,7 +80,10 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], source: str, chat_template: str
     special = {name: vocab.tokens[i] for name, i in named_ids.items()}
     eos_ids = [vocab.token_ids[key] for key in EOS_KEYS if key in vocab.token_ids]
     template = chat_template if chat_template is not None else meta.get("tokenizer.chat_template")
-    tokenizer = Tokenizer(backend, special_tokens=special, eos_token_ids=eos_ids, chat_template=template)
+    origin = f"the chat template of {source}" if chat_template is None else "the chat template given"
+    hint = f"{source} has none (tokenizer.chat_template): give one with --chat-template FILE"
+    tokenizer = Tokenizer(backend, special_tokens=special, eos_token_ids=eos_ids, chat_template=template,
+                          template_origin=origin, missing_template_hint=hint)  # fmt: skip
     # after Tokenizer has registered the named tokens: a token the vocabulary lacks has its id only then
     add_bos = bool(meta.get(KEY + "add_bos_token", vocab.model == "llama"))
     add_eos = bool(meta.get(KEY + "add_eos_token", False))

@@ -55,7 +55,7 @@ def test_the_error_metadata_keys_and_reasons_are_the_documented_words() -> None:
     assert keys == ("infer-error-reason", "infer-invalid-field", "infer-retry-after-s")
     assert [r.value for r in ErrorReason] == [
         "INVALID_VALUE", "CONTEXT_LENGTH_EXCEEDED", "OVER_LIMIT", "DUPLICATE_REQUEST_ID", "DOES_NOT_COMPILE",
-        "QUEUE_FULL", "NOT_SERVING", "BUDGET_EXCEEDED",
+        "QUEUE_FULL", "NOT_SERVING", "BUDGET_EXCEEDED", "CHAT_TEMPLATE_FAILED",
     ]  # fmt: skip
 
 

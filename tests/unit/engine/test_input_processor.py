@@ -85,7 +85,7 @@ def test_operator_limits_name_their_setting(processor: InputProcessor) -> None:
     error = refused(processor, Prompt(token_ids=[5]), SamplingParams(max_tokens=9), max_output_tokens=8)
     assert str(error) == "sampling.max_tokens: 9 exceeds max_output_tokens (8)"
     error = refused(processor, Prompt(messages=USER), SamplingParams(), max_prompt_chars=10, settings=settings)
-    assert error.field == "messages" and "the rendered chat is" in error.message and "(10; setting C)" in error.message
+    assert error.field == "messages" and "the rendered chat exceeds" in error.message and "(10; setting C)" in error.message
 
 
 def test_a_chat_too_long_once_rendered_is_refused_before_it_is_tokenized(

@@ -192,7 +192,7 @@ def test_the_rendered_chat_is_bounded_before_it_is_tokenized() -> None:
     chat = pb.GenerateRequest(messages=_chat("a" * 5, "b" * 5))  # 18 characters as sent, 25 rendered
     assert convert.checked_input_size(chat, bounds) == convert.InputSize(num_chars=18, num_messages=2)
     processor = InputProcessor(TOKENIZER, 2048, 1 << 16)
-    with pytest.raises(ValueError, match=r"^messages: the rendered chat is 25 characters exceeds max_prompt_chars"):
+    with pytest.raises(ValueError, match=r"^messages: the rendered chat exceeds max_prompt_chars"):
         processor.process(convert.prompt(chat), SamplingParams(), bounds.engine)
 
 
