@@ -124,6 +124,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 processed = await self.prompt_workers.run(
                     size, lambda: engine.process(convert.tokenize_prompt(request), params, bounds.engine)
                 )
+                await _compiled(engine, processed)  # what Generate refuses, a render refuses (tools, constraints)
             else:
                 processed = await self.prompt_workers.run(
                     size, lambda: engine.tokenize(convert.tokenize_prompt(request), bounds.engine)

@@ -129,3 +129,27 @@ def test_grpc_tokenize_with_sampling_checks_as_generate_does(server: ServerThrea
             )
         assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "exceeds max_model_len" in str(refused.value.details())
+
+
+# a pattern the grammar compiler refuses (what engine/structured/schema.py refuses, a render refused already)
+NOT_COMPILED = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "Hello", "guided_regex": "(("}, "guided_regex"),
+        ("/v1/chat/completions", {"messages": CHAT, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "s", "schema": NOT_COMPILED}}}, "response_format"),
+        ("/v1/chat/completions", {"messages": CHAT, "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": NOT_COMPILED}}]},
+         "tools[0].function.parameters"),
+    ],
+    ids=["regex", "response_format", "tools"],
+)  # fmt: skip
+def test_a_render_refuses_what_a_completion_refuses(http: httpx.Client, path: str, body: dict, param: str) -> None:
+    """A constraint or a tool that does not compile: the completion's 400 on the render too (it was 200)."""
+    body = {"model": first_model(http), "max_tokens": 2, **body}
+    error = error_of(http.post(path + "/render", json=body), 400)
+    assert error["param"] == param and "does not compile" in error["message"]
+    assert error == error_of(http.post(path, json=body), 400)
