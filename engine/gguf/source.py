@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 from dataclasses import dataclass
@@ -77,6 +78,25 @@ def open_gguf(path: Path) -> GGUFSource:
     return GGUFSource(path, meta, tuple(_tensor(path, file_map, data_offset, info) for info in infos))
 
 
+@functools.cache
+def readable(tensor_type: Any) -> bool:
+    """Whether a tensor of this ggml type can be read: a float type, one we decode, or one `gguf.quants`
+    dequantizes (the integer types and a few block types it does not: Q1_0, Q8_1, Q8_K)."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    from infer.engine.gguf.quants import EXACT_TYPES, is_float
+
+    if is_float(tensor_type) or tensor_type in EXACT_TYPES:
+        return True
+    try:
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[tensor_type][1]), dtype=np.uint8), tensor_type)
+    except Exception:  # NOTE: NotImplementedError, or whatever else a type it has no table for raises
+        return False
+    return True
+
+
 def _tensor(path: Path, file_map: mmap.mmap, data_offset: int, info: TensorInfo) -> FileTensor:
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -85,6 +105,10 @@ def _tensor(path: Path, file_map: mmap.mmap, data_offset: int, info: TensorInfo)
         tensor_type = GGMLQuantizationType(info.type_id)
     except ValueError:
         raise GGUFSourceError(f"{path}: tensor {info.name!r} has an unknown ggml type {info.type_id}") from None
+    if not readable(tensor_type):
+        raise GGUFSourceError(
+            f"{path}: tensor {info.name!r} is of ggml type {tensor_type.name}, which infer cannot read"
+        )
     block_size, type_size = GGML_QUANT_SIZES[tensor_type]
     elements = math.prod(info.dims)
     start, num_bytes = data_offset + info.offset, elements // block_size * type_size

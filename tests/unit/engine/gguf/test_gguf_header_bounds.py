@@ -115,3 +115,12 @@ def test_a_large_file_is_validated_from_its_header_alone(tiny: Path, tmp_path: P
     source = open_gguf(big)
     assert time.perf_counter() - start < 1.0
     assert len(source.tensors) == len(open_gguf(tiny).tensors)
+
+
+@pytest.mark.parametrize("type_name", ["I32", "F64"])
+def test_a_tensor_type_that_cannot_be_read_is_named(tiny: Path, tmp_path: Path, type_name: str) -> None:
+    from gguf import GGMLQuantizationType
+
+    # NOTE: was a NotImplementedError traceback from gguf.quants while the weights were filled
+    path = _lie(tiny, tmp_path, "output_norm.weight ggml type", GGMLQuantizationType[type_name])
+    _refused(path, f"'output_norm.weight' is of ggml type {type_name}, which infer cannot read")
