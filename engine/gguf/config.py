@@ -17,6 +17,17 @@ from infer.engine.model_config import ModelConfig, parse_model_config
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 GEMMA3_SLIDING_PATTERN = 6  # llama.cpp: every sixth Gemma 3 layer attends globally
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
+# end-of-generation: the ids the file names, and tokens by their text (as llama.cpp's llama-vocab.cpp finds them)
+EOG_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id", "fim_pad_token_id", "fim_rep_token_id", "fim_sep_token_id")
+EOG_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+    "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+})  # fmt: skip
+FIM_EOG_TEXTS = frozenset({  # a code model's padding, repository and file separators
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",
+    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
+    "<|file_sep|>",
+})  # fmt: skip
 
 
 class GGUFConfigError(ValueError):
@@ -119,9 +130,19 @@ def _gemma3(meta: Mapping[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def eos_token_ids(meta: Mapping[str, Any]) -> list[int]:
-    """Every id that ends a generation: the eos, end-of-turn and end-of-message tokens the file names."""
-    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-    return list(dict.fromkeys(int(meta[k]) for k in keys if meta.get(k) is not None))
+    """Every id that ends a generation, as llama.cpp finds them (its end-of-generation set): the eos, end-of-turn
+    and end-of-message ids and the FIM separators the file names (`tokenizer.ggml.*_token_id`), and the tokens
+    spelled as a known turn or text end (Gemma's `<end_of_turn>`, ChatML's `<|im_end|>`, `<|endoftext|>`, ...) or
+    a code model's FIM separator (`<|fim_pad|>`, `<|repo_name|>`, `<|file_sep|>`: the end of a file). With both
+    `<|return|>` and `<|call|>` (gpt-oss), `<|end|>` ends a message, not the generation. The eos id first."""
+    ids = [meta[f"tokenizer.ggml.{key}"] for key in EOG_KEYS if meta.get(f"tokenizer.ggml.{key}") is not None]
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list):
+        spelled = {t: i for i, t in enumerate(tokens) if t in EOG_TEXTS or t in FIM_EOG_TEXTS}  # a later one wins
+        if "<|return|>" in spelled and "<|call|>" in spelled:
+            spelled.pop("<|end|>", None)
+        ids += sorted(spelled.values())
+    return list(dict.fromkeys(int(i) for i in ids))
 
 
 def gguf_model_config(meta: Mapping[str, Any], vocab_size: int, has_output: bool) -> ModelConfig:

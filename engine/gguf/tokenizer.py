@@ -23,6 +23,7 @@ import numpy as np
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
+from infer.engine.gguf.config import eos_token_ids
 from infer.engine.gguf.merge_cache import cached_merges
 from infer.engine.gguf.pretokenizers import KNOWN_NAMES, byte_level_pre_tokenizer
 from infer.engine.tokenizer import Tokenizer, TokenizerLoadError
@@ -78,7 +79,7 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], source: str, chat_template: str
     _add_file_tokens(backend, vocab)
     named_ids = {name: vocab.token_ids[key] for name, key in SPECIAL_TOKEN_KEYS.items() if key in vocab.token_ids}
     special = {name: vocab.tokens[i] for name, i in named_ids.items()}
-    eos_ids = [vocab.token_ids[key] for key in EOS_KEYS if key in vocab.token_ids]
+    eos_ids = eos_token_ids(meta)  # eos, eot, eom, FIM separators and known turn ends (gguf/config.py)
     template = chat_template if chat_template is not None else meta.get("tokenizer.chat_template")
     origin = f"the chat template of {source}" if chat_template is None else "the chat template given"
     hint = f"{source} has none (tokenizer.chat_template): give one with --chat-template FILE"

@@ -274,7 +274,8 @@ class Routes:
     async def _model_card(self, metadata: Metadata) -> Json:
         info = await self.upstream.model_info(metadata)
         return {"id": self.model_id or info.model_id, "object": "model", "created": self.created,
-                "owned_by": "infer", "max_model_len": info.max_model_len}  # fmt: skip
+                "owned_by": "infer", "max_model_len": info.max_model_len,
+                "eos_token_ids": list(info.eos_token_ids)}  # fmt: skip  # every id that ends a generation
 
     async def models(self, request: Request) -> Response:
         """GET /v1/models"""

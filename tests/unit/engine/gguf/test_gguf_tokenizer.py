@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from infer.engine.default_model import find_default_gguf
+from infer.engine.gguf.config import eos_token_ids
 from infer.engine.gguf.metadata import read_gguf_metadata
 from infer.engine.gguf.tokenizer import _rebuild_merges, tokenizer_from_gguf
 from infer.engine.tokenizer import Tokenizer, TokenizerLoadError
@@ -86,9 +87,10 @@ def test_default_model_gguf_matches_its_converted_directory(default_model_dir: P
         assert ours.decode(ids, skip_special_tokens=False) == converted.decode(ids, skip_special_tokens=False)
     assert ours.apply_chat_template(CONVERSATION) == converted.apply_chat_template(CONVERSATION)
     assert ours.special_tokens == converted.special_tokens
-    assert (ours.bos_token_id, ours.eos_token_ids, ours.vocab_size) == (
-        converted.bos_token_id, converted.eos_token_ids, converted.vocab_size,
-    )  # fmt: skip
+    assert (ours.bos_token_id, ours.vocab_size) == (converted.bos_token_id, converted.vocab_size)
+    # the file's ends of generation, as llama.cpp reads them: its eos <|im_end|>, and <|endoftext|> and the FIM
+    # <reponame> by their text (the converted directory keeps transformers' eos alone)
+    assert converted.eos_token_ids == {2} and ours.eos_token_ids == {0, 2, 4}
 
 
 # --- behaviour
@@ -133,12 +135,25 @@ def test_bos_and_eos_follow_the_file_flags(add_bos: bool | None, add_eos: bool |
     assert (ids[-1] == 2) == bool(add_eos)
 
 
-def test_eos_ids_are_eos_eot_and_eom() -> None:
+def test_eos_ids_are_eos_eot_eom_and_the_known_turn_ends() -> None:
     meta = {"general.architecture": "qwen2", **byte_bpe_fields("qwen2")}
     meta["tokenizer.ggml.eom_token_id"] = 5
     tok = tokenizer_from_gguf(meta, "tiny.gguf")
     tokens = meta["tokenizer.ggml.tokens"]
-    assert tok.eos_token_ids == {tokens.index("<|im_end|>"), tokens.index("<|eot|>"), 5}
+    # <|endoftext|> by its text, as llama.cpp (it was left out: only eos, eot and eom stopped)
+    assert tok.eos_token_ids == {tokens.index("<|im_end|>"), tokens.index("<|eot|>"), 5, tokens.index("<|endoftext|>")}
+
+
+def test_end_of_generation_ids_follow_llama_cpp() -> None:
+    """The ids the file names (FIM separators too) and the tokens spelled as a turn's, a text's or a file's end;
+    gpt-oss's <|end|> only ends a message when <|return|> and <|call|> are there."""
+    tokens = ["a", "<end_of_turn>", "<|im_end|>", "<|endoftext|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+              "<|end|>", "b", "<|fim_middle|>"]  # fmt: skip
+    meta = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.eos_token_id": 8, "tokenizer.ggml.fim_sep_token_id": 0}
+    assert eos_token_ids(meta) == [8, 0, 1, 2, 3, 4, 5, 6, 7]  # the eos id first; FIM's middle is no end
+    harmony = {"tokenizer.ggml.tokens": ["<|end|>", "<|return|>", "<|call|>", "x"], "tokenizer.ggml.eos_token_id": 1}
+    assert eos_token_ids(harmony) == [1, 2]
+    assert eos_token_ids({"tokenizer.ggml.tokens": ["<end_of_turn>"]}) == [0]  # no eos key: the text alone
 
 
 def test_chat_template_argument_overrides_the_files() -> None:

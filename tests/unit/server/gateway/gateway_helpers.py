@@ -19,6 +19,7 @@ from infer.server.gateway import GatewayConfig, GatewayServer
 
 T = TypeVar("T")
 FAKE_MODEL = "fake-model"
+FAKE_EOS_TOKEN_IDS = (1, 106)  # Gemma 3's <eos> and <end_of_turn>
 FAKE_MAX_MODEL_LEN = 64
 FAKE_MAX_WAITING = 100  # the fake server's queue bound (max_waiting_requests)
 FAKE_WORDS = ("Hello", " world", ",", " how", " are", " you", "?", "!")
@@ -184,7 +185,11 @@ class FakeInference(pb_grpc.InferenceServiceServicer):
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetModelInfoResponse:
         return pb.GetModelInfoResponse(
-            model_id=FAKE_MODEL, max_model_len=FAKE_MAX_MODEL_LEN, vocab_size=100, max_waiting_requests=FAKE_MAX_WAITING
+            model_id=FAKE_MODEL,
+            max_model_len=FAKE_MAX_MODEL_LEN,
+            vocab_size=100,
+            max_waiting_requests=FAKE_MAX_WAITING,
+            eos_token_ids=FAKE_EOS_TOKEN_IDS,
         )
 
     async def Tokenize(  # noqa: N802

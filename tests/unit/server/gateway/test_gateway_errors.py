@@ -14,6 +14,7 @@ import pytest
 from tests.unit.server.gateway.gateway_helpers import (
     CHAT,
     COMPLETIONS,
+    FAKE_EOS_TOKEN_IDS,
     FAKE_MODEL,
     FakeInference,
     LoopThread,
@@ -95,6 +96,11 @@ def test_unknown_model_is_404(http: httpx.Client) -> None:
         assert error["code"] == "model_not_found" and error["param"] == "model" and FAKE_MODEL in error["message"]
     assert error_of(http.get("/v1/models/gpt-4"), 404)["code"] == "model_not_found"
     assert http.get(f"/v1/models/{FAKE_MODEL}").json()["id"] == FAKE_MODEL
+
+
+def test_the_model_card_lists_the_ids_that_end_a_generation(http: httpx.Client) -> None:
+    assert http.get("/v1/models").json()["data"][0]["eos_token_ids"] == list(FAKE_EOS_TOKEN_IDS)
+    assert http.get(f"/v1/models/{FAKE_MODEL}").json()["eos_token_ids"] == list(FAKE_EOS_TOKEN_IDS)
 
 
 def test_unknown_route_and_method_in_openai_shape(http: httpx.Client) -> None:
