@@ -14,7 +14,6 @@ from typing import Any
 
 from infer.api import DEFAULT_GRPC_PORT
 from infer.engine import DTYPES, QUANTIZATIONS, EngineConfig, check
-from infer.engine.threads import allowed_cpus
 from infer.kernels import BACKENDS
 from infer.server.gateway.origins import parse_origins
 from infer.server.limits import RequestLimits
@@ -92,7 +91,7 @@ class ServerConfig:
         check("max_prompt_chars", self.max_prompt_chars is None or self.max_prompt_chars >= 1, "must be >= 1")
         check("max_pending_long_prompts", self.max_pending_long_prompts >= 1, "must be >= 1")
         check("max_streams_per_connection", self.max_streams_per_connection >= 1, "must be >= 1")
-        threads, cores = self.engine.cpu_threads, len(allowed_cpus())  # NOTE: 100,000 crashed OpenMP, 5,000 hung
+        threads, cores = self.engine.cpu_threads, num_cores()  # NOTE: 100,000 crashed OpenMP, 5,000 hung
         check("cpu_threads", threads <= cores, f"{threads} is more than the {cores} cores this process may run on "
               "(0: as many as are free)")  # fmt: skip
         check("http_header_timeout_s", self.http_header_timeout_s > 0, "must be > 0")
@@ -118,6 +117,11 @@ class ServerConfig:
             self.max_prompt_chars,
             self.max_pending_long_prompts,
         )
+
+
+def num_cores() -> int:
+    """The CPUs this process may run on (its affinity; every CPU where the platform has none)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _optional_int(text: str) -> int | None:

@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 
 from infer.engine.config import EngineConfig
-from infer.engine.threads import allowed_cpus
-from infer.server.settings import SETTINGS, ServerConfig, add_settings, config_from_args, settings_markdown
+from infer.server.settings import (
+    SETTINGS,
+    ServerConfig,
+    add_settings,
+    config_from_args,
+    num_cores,
+    settings_markdown,
+)
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
 
@@ -63,7 +69,7 @@ def test_an_invalid_setting_names_the_field() -> None:
 
 def test_cpu_threads_past_the_cores_are_refused_naming_the_setting_and_the_cores() -> None:
     """100,000 crashed OpenMP (a thread-pool panic), 5,000 hung: refused at start, exit 2 (`infer serve`)."""
-    cores = len(allowed_cpus())
+    cores = num_cores()
     for threads in (100_000, 5000, cores + 1):
         with pytest.raises(ValueError, match=rf"cpu_threads: {threads} is more than the {cores} cores"):
             parse(["--cpu-threads", str(threads)])
