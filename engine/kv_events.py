@@ -9,18 +9,21 @@ The wire format is vLLM's `ZmqEventPublisher` (vllm/distributed/kv_events.py), w
   ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name],
   ["BlockRemoved", block_hashes, medium], ["AllBlocksCleared"];
 - a ROUTER replay socket answers a request [b"", seq] (8 bytes, big-endian) with [b"", topic, seq, payload] for
-  every batch it still holds from seq on, then the end marker [b"", b"", -1 (8 bytes), b""]. A request for a
+  the batches it still holds from seq on, then the end marker [b"", b"", -1 (8 bytes), b""]. A request for a
   batch no longer held gets the batches that are (the first one numbered above the one asked: the gap says what
-  was lost); a malformed request gets the end marker alone. A replay never waits.
+  was lost); a malformed request gets the end marker alone. Answers are bounded in size and served in bounded
+  turns between live batches, and a burst beyond the bounds is refused (engine/kv_replay.py).
 
 A block hash is the prefix cache's own (`BlockManager`: Python's hash of the parent hash and the block's tokens),
 its 64 bits read as unsigned. medium is None: the engine's own KV pool, which consumers take as the GPU tier.
 
 The step never waits on the network: it appends one batch a step to a bounded queue that a thread sends
 (non-blocking sends; a PUB socket drops for a subscriber that does not read, which sees a sequence gap and can
-replay). When the queue is full the oldest batch is dropped and counted (`num_dropped`); the next batch sent then
-begins with AllBlocksCleared, so a subscriber forgets what the lost events might have changed rather than keep
-blocks this pod no longer holds. The first batch (seq 0) is AllBlocksCleared: a new process holds nothing.
+replay). Each turn of the thread sends every queued batch first, then one bounded turn of replays, so live events
+never wait behind a burst of replay requests. When the queue is full the oldest batch is dropped and counted
+(`num_dropped`); the next batch sent then begins with AllBlocksCleared, so a subscriber forgets what the lost
+events might have changed rather than keep blocks this pod no longer holds. The first batch (seq 0) is
+AllBlocksCleared: a new process holds nothing.
 """
 
 from __future__ import annotations
@@ -36,14 +39,13 @@ from typing import Any
 import msgpack
 import zmq
 
+from infer.engine.kv_replay import Replays
+
 logger = logging.getLogger(__name__)
 
 HASH_MASK = (1 << 64) - 1
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 QUEUE_BATCHES = 4096  # batches (one a step) waiting for the publisher thread; more: the oldest is dropped
-REPLAY_BATCHES = 10_000  # recent batches the replay socket can send again (vLLM's buffer_steps)
 SEND_HWM = 100_000  # messages ZMQ queues for one subscriber before dropping for it (vLLM's hwm)
-REPLAY_POLL_S = 0.05  # how often an idle publisher thread looks at the replay socket
 CLEARED: list[Any] = ["AllBlocksCleared"]
 
 
@@ -75,9 +77,8 @@ class KVEventPublisher:
         self._queue: deque[tuple[int, float, list[list[Any]]]] = deque(maxlen=QUEUE_BATCHES)
         self._lock, self._wake, self._closing = threading.Lock(), threading.Event(), False
         self._next_seq = 0
-        self._ring: deque[tuple[int, bytes]] = deque(maxlen=REPLAY_BATCHES)
         self._ctx = zmq.Context()
-        self._pub, self._replay = self._ctx.socket(zmq.PUB), None
+        self._pub, self._replays = self._ctx.socket(zmq.PUB), None
         try:
             self._pub.setsockopt(zmq.SNDHWM, SEND_HWM)
             self._pub.setsockopt(zmq.LINGER, 0)
@@ -86,14 +87,15 @@ class KVEventPublisher:
             else:
                 self._pub.connect(endpoint)
             if replay_endpoint is not None:
-                self._replay = self._ctx.socket(zmq.ROUTER)
-                self._replay.setsockopt(zmq.LINGER, 0)
-                self._replay.bind(replay_endpoint)
+                replay = self._ctx.socket(zmq.ROUTER)
+                replay.setsockopt(zmq.LINGER, 0)
+                self._replays = Replays(replay, self.topic)  # sets its options: before the bind, which copies them
+                replay.bind(replay_endpoint)
         except zmq.ZMQError as e:
             self._ctx.destroy(linger=0)
             raise OSError(f"kv_events: cannot open {endpoint} / {replay_endpoint}: {e}") from None
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT) or endpoint
-        self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT) if self._replay else None
+        self.replay_endpoint = self._replays.socket.getsockopt_string(zmq.LAST_ENDPOINT) if self._replays else None
         self._pending.append(CLEARED)
         self.end_step()
         self._thread = threading.Thread(target=self._run, name="infer-kv-events", daemon=True)
@@ -104,6 +106,11 @@ class KVEventPublisher:
     def last_seq(self) -> int:
         """The number of the last batch the step handed over (the engine thread's view)."""
         return self._next_seq - 1
+
+    @property
+    def num_replays_refused(self) -> int:
+        """Replay requests refused (beyond the bounds: the end marker alone) or cut (the subscriber stalled)."""
+        return self._replays.num_refused if self._replays is not None else 0
 
     # the step's side (the engine thread)
     def block_stored(self, block_hash: int, parent_hash: int | None, token_ids: Sequence[int]) -> None:
@@ -144,22 +151,27 @@ class KVEventPublisher:
 
     # the publisher thread
     def _run(self) -> None:
-        last_seq = -1
+        last_seq, wait_s = -1, None
         while True:
-            self._wake.wait(REPLAY_POLL_S if self._replay is not None else None)
+            self._wake.wait(wait_s)
             self._wake.clear()
-            with self._lock:
-                batches = list(self._queue)
-                self._queue.clear()
-            for seq, ts, events in batches:
-                if seq != last_seq + 1:  # batches were dropped: subscribers forget what they may have changed
-                    events = [CLEARED, *events]
-                self._send(seq, ts, events)
-                last_seq = seq
+            last_seq = self._send_queued(last_seq)  # live first
             if self._closing:
                 return
-            while self._replay is not None and self._replay.poll(0):
-                self._serve_replay(self._replay)
+            if self._replays is not None:
+                wait_s = self._replays.turn()  # then one bounded turn of replays
+
+    def _send_queued(self, last_seq: int) -> int:
+        """Send every batch the step queued; the number of the last."""
+        with self._lock:
+            batches = list(self._queue)
+            self._queue.clear()
+        for seq, ts, events in batches:
+            if seq != last_seq + 1:  # batches were dropped: subscribers forget what they may have changed
+                events = [CLEARED, *events]
+            self._send(seq, ts, events)
+            last_seq = seq
+        return last_seq
 
     def _send(self, seq: int, ts: float, events: list[list[Any]]) -> None:
         payload: bytes = msgpack.packb([ts, events, 0])
@@ -168,17 +180,5 @@ class KVEventPublisher:
             self._pub.send_multipart([self.topic, seq_bytes, payload], flags=zmq.NOBLOCK)
         except zmq.Again:  # NOTE: a PUB socket drops rather than block; a connecting one may not
             logger.debug("KV-cache event batch %d not sent (no peer ready); it stays replayable", seq)
-        self._ring.append((seq, payload))
-
-    def _serve_replay(self, replay: zmq.Socket[bytes]) -> None:
-        frames = replay.recv_multipart()
-        identity, request = frames[0], frames[1:]
-        is_valid = len(request) == 2 and request[0] == b"" and len(request[1]) == 8
-        start = int.from_bytes(request[1], "big") if is_valid else None
-        held = [(seq, payload) for seq, payload in self._ring if start is not None and seq >= start]
-        try:
-            for seq, payload in held:
-                replay.send_multipart([identity, b"", self.topic, seq.to_bytes(8, "big"), payload], zmq.NOBLOCK)
-            replay.send_multipart([identity, b"", b"", END_SEQ, b""], zmq.NOBLOCK)
-        except zmq.Again:  # a ROUTER drops for a peer that is gone or full; never blocks
-            logger.debug("replay to a peer that does not read: cut short")
+        if self._replays is not None:
+            self._replays.hold(seq, payload)

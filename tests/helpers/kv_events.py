@@ -123,15 +123,16 @@ class Subscriber:
 
     def catch_up(self, last_seq: int, timeout_s: float = 60) -> None:
         """Read live batches and replay what is missing until `last_seq` is in, then fill the gaps before it from
-        the replay socket (those it still holds)."""
+        the replay socket (those it still holds), answer after answer."""
         deadline = time.monotonic() + timeout_s
         while last_seq not in self.batches:
             assert time.monotonic() < deadline, f"batch {last_seq} never arrived (have {sorted(self.batches)[-3:]})"
             if self.read_live(100) == 0 and self.replay_endpoint is not None:
                 self.replay(min(seq for seq in range(last_seq + 1) if seq not in self.batches))
-        missing = [seq for seq in range(last_seq + 1) if seq not in self.batches]
-        if missing and self.replay_endpoint is not None:
-            self.replay(missing[0])
+        start = next((seq for seq in range(last_seq + 1) if seq not in self.batches), None)
+        while start is not None and self.replay_endpoint is not None and (got := self.replay(start)):
+            # an answer holds a bounded number of batches: ask again after the last one
+            start = next((seq for seq in range(max(got) + 1, last_seq + 1) if seq not in self.batches), None)
 
     def index(self) -> BlockIndex:
         """The pod's blocks from every batch in order; the numbers must have no gap."""

@@ -13,18 +13,20 @@ from typing import Any
 
 import msgpack
 import pytest
+import zmq
 
-from infer.engine import kv_events
+from infer.engine import kv_events, kv_replay
 from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore
 from infer.engine.kv_events import KVEventPublisher, is_bind, topic, wire_hash
 from infer.engine.request import FinishReason, RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from tests.helpers.fake_engine import fake_core
-from tests.helpers.kv_events import BlockIndex, Subscriber, to_signed
+from tests.helpers.kv_events import END_SEQ, BlockIndex, Subscriber, to_signed
 
 LOCAL = "tcp://127.0.0.1:*"
 PROBE = 1 << 40
+LIVE_BOUND_S = 1.0  # a live batch published during a replay burst arrives within this (unloaded: a millisecond)
 EVENTS = {"kv_events": True, "kv_events_endpoint": LOCAL, "kv_events_replay_endpoint": LOCAL}
 # a pool of 20 blocks of 16 under up to 8 requests of up to 128 tokens: preemptions and evictions
 SMALL_POOL = {"max_model_len": 128, "num_blocks": 20, "max_num_seqs": 8, "speculative_tokens": 2}
@@ -145,7 +147,7 @@ def test_a_late_subscriber_recovers_the_earlier_batches_through_the_replay_socke
 def test_a_replay_from_a_batch_no_longer_held_sends_what_is_held_then_the_end(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(kv_events, "REPLAY_BATCHES", 3)
+    monkeypatch.setattr(kv_replay, "REPLAY_BATCHES", 3)
     pub = KVEventPublisher(LOCAL, LOCAL, "kv@pod@model", 16)
     sub = _subscriber(pub)
     try:
@@ -231,6 +233,160 @@ def test_a_stalled_publisher_thread_drops_the_oldest_batches_and_the_step_goes_o
         index.apply(sub.batches[seq])
     assert {h: tokens for h, (_, tokens) in index.blocks.items()}.items() <= _cached(core).items()
     core.block_manager.assert_no_leaks()
+
+
+class Burst:
+    """Replay requests for batch `start` from several DEALERs at once, on a thread that reads every answer: the
+    seqs of each, in the order they came, per DEALER."""
+
+    def __init__(self, endpoint: str, num_dealers: int, num_requests: int, start: int = 0) -> None:
+        self.endpoint, self.num_requests, self.start = endpoint, num_requests, start
+        self.answers: list[list[list[int]]] = [[] for _ in range(num_dealers)]
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    @property
+    def is_done(self) -> bool:
+        return all(len(answers) == self.num_requests for answers in self.answers)
+
+    def _run(self) -> None:
+        ctx = zmq.Context()
+        dealers = [ctx.socket(zmq.DEALER) for _ in self.answers]
+        poller, index = zmq.Poller(), {}
+        for i, dealer in enumerate(dealers):
+            dealer.connect(self.endpoint)
+            poller.register(dealer, zmq.POLLIN)
+            index[dealer] = i
+        for _ in range(self.num_requests):
+            for dealer in dealers:
+                dealer.send_multipart([b"", self.start.to_bytes(8, "big")])
+        current: list[list[int]] = [[] for _ in dealers]
+        while not self.stopped.is_set() and not self.is_done:
+            for dealer, _ in poller.poll(20):
+                i = index[dealer]
+                while dealer.poll(0):
+                    _, _, seq_bytes, _ = dealer.recv_multipart()
+                    seq = int.from_bytes(seq_bytes, "big")
+                    if seq == END_SEQ:
+                        self.answers[i].append(current[i])
+                        current[i] = []
+                    else:
+                        current[i].append(seq)
+        ctx.destroy(linger=0)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(10)
+
+
+def _fill(pub: KVEventPublisher, sub: Subscriber, num_batches: int, num_tokens: int = 0) -> None:
+    """Publish num_batches batches (a block of num_tokens each, or a removal) and wait until the thread sent all."""
+    for i in range(num_batches):
+        if num_tokens:
+            pub.block_stored(i + 1, i or None, [40_000 + i] * num_tokens)
+        else:
+            pub.block_removed(i)
+        pub.end_step()
+    deadline = time.monotonic() + 30
+    while sub.replay(pub.last_seq) != [pub.last_seq]:
+        assert time.monotonic() < deadline
+
+
+def _live_delay(pub: KVEventPublisher, sub: Subscriber) -> float:
+    """Publish a live batch and read it: the seconds it took to arrive (at most LIVE_BOUND_S)."""
+    started = time.monotonic()
+    pub.block_removed(PROBE)
+    pub.end_step()
+    seq = pub.last_seq
+    while seq not in sub.batches:
+        assert time.monotonic() - started < LIVE_BOUND_S, "a live batch waited behind the replays"
+        sub.read_live(10)
+    return time.monotonic() - started
+
+
+def test_a_burst_of_replay_requests_never_delays_live_events_and_each_request_gets_its_end_marker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kv_replay, "REPLAY_ANSWER_BATCHES", 100)
+    monkeypatch.setattr(kv_replay, "REPLAY_ACTIVE", 4)
+    monkeypatch.setattr(kv_replay, "REPLAY_TURN_MESSAGES", 16)
+    pub = KVEventPublisher(LOCAL, LOCAL, "kv@pod@model", 16)
+    sub = _subscriber(pub)
+    burst = None
+    try:
+        _fill(pub, sub, 2_000)
+        _subscribed(pub, sub)
+        burst = Burst(pub.replay_endpoint or "", num_dealers=8, num_requests=50)  # 400 requests for the whole ring
+        delays = []
+        while not burst.is_done:  # live batches go on arriving at once (today's code: seconds behind)
+            delays.append(_live_delay(pub, sub))
+        delays.append(_live_delay(pub, sub))
+    finally:
+        if burst is not None:
+            burst.close()
+        sub.close()
+        pub.close()
+    answers = [answer for dealer in burst.answers for answer in dealer]
+    assert len(answers) == 400  # each request its end marker
+    # an answer is whole (a DEALER's answers never woven together) and bounded: the first 100 batches, or refused
+    assert all(answer in ([], list(range(100))) for answer in answers)
+    num_refused = sum(answer == [] for answer in answers)
+    assert 0 < num_refused < 400 and pub.num_replays_refused == num_refused
+    assert max(delays) < LIVE_BOUND_S
+
+
+def test_an_answer_is_bounded_and_a_subscriber_catches_up_answer_after_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kv_replay, "REPLAY_ANSWER_BATCHES", 10)
+    pub = KVEventPublisher(LOCAL, LOCAL, "kv@pod@model", 16)
+    sub = _subscriber(pub)
+    try:
+        _fill(pub, sub, 30, num_tokens=16)
+        assert sub.replay(0) == list(range(10))  # the first ten: it asks again from 10
+        monkeypatch.setattr(kv_replay, "REPLAY_ANSWER_BYTES", 1)
+        assert sub.replay(10) == [10]  # one batch at least, whatever its size
+        monkeypatch.setattr(kv_replay, "REPLAY_ANSWER_BYTES", 1 << 20)
+        late = _subscriber(pub)
+        late.catch_up(pub.last_seq)
+        index = late.index()
+        late.close()
+    finally:
+        sub.close()
+        pub.close()
+    assert sorted(index.blocks) == list(range(1, 31)) and pub.num_replays_refused == 0
+
+
+def test_a_subscriber_that_reads_none_of_its_answer_loses_it_and_frees_its_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kv_replay, "REPLAY_ACTIVE", 1)
+    monkeypatch.setattr(kv_replay, "REPLAY_SEND_HWM", 4)
+    monkeypatch.setattr(kv_replay, "REPLAY_STALL_S", 0.5)
+    pub = KVEventPublisher(LOCAL, LOCAL, "kv@pod@model", 4096)
+    sub = _subscriber(pub)
+    ctx = zmq.Context()
+    try:
+        _fill(pub, sub, 300, num_tokens=4096)  # ~3.6 MB: more than the socket buffers hold
+        slow = ctx.socket(zmq.DEALER)
+        slow.setsockopt(zmq.RCVHWM, 1)
+        slow.setsockopt(zmq.RCVBUF, 4096)
+        slow.connect(pub.replay_endpoint or "")
+        slow.send_multipart([b"", (0).to_bytes(8, "big")])  # takes the one slot, then reads nothing
+        assert slow.poll(10_000)  # its answer began
+        assert sub.replay(0) == []  # refused: the slot is taken
+        _live_delay(pub, sub)
+        deadline, num_refusals = time.monotonic() + 10, 0
+        while (seqs := sub.replay(0)) == []:  # slow is cut after REPLAY_STALL_S: the slot serves the next
+            num_refusals += 1
+            assert time.monotonic() < deadline
+        assert seqs == list(range(pub.last_seq + 1))
+        assert pub.num_replays_refused == 1 + num_refusals + 1  # each refusal, and slow's answer cut
+    finally:
+        ctx.destroy(linger=0)
+        sub.close()
+        pub.close()
 
 
 def test_the_payload_is_vllms_msgspec_encoding_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
