@@ -83,6 +83,9 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     priority_aging_s: float = 10.0  # seconds of waiting worth one priority level (the starvation bound's unit)
     tenant_weights: tuple[tuple[str, float], ...] = ()  # (tenant, weight) for fair; a tenant not named: 1
+    # tenants whose state is kept (fair's counters, token budgets): past it, idle ones are forgotten; tenants with
+    # requests in the engine are always kept (the queue bounds them)
+    max_tenants: int = 10_000
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes",
@@ -128,6 +131,7 @@ class EngineConfig:
         check("scheduling_policy", policy in SCHEDULING_POLICIES, f"must be one of {', '.join(SCHEDULING_POLICIES)}")
         check("scheduling_policy", policy == "fcfs" or self.batching == "continuous", "needs batching=continuous")
         check("priority_aging_s", self.priority_aging_s > 0, "must be > 0")
+        check("max_tenants", self.max_tenants >= 1, "must be >= 1")
         names = [t for t, _ in self.tenant_weights]
         unique = len(set(names)) == len(names)
         check("tenant_weights", all(names) and unique, "tenant names must be non-empty, once each")

@@ -10,19 +10,27 @@ other back and forth), and a request is outranked by no request that arrives mor
 Serving Large Language Models", OSDI 2024), then by standing within a tenant. Each tenant's counter is the
 service it received, divided by its weight: a prompt's tokens when the request is first admitted, each output
 token when it is sampled (recomputing after a preemption is not service). The active tenant (one with a
-request in the engine) with the lowest counter goes first. A tenant that becomes active is lifted to no lower
-than the lowest counter of the active tenants less `max_model_len` weighted tokens (to the highest known when none
-is active): it is owed at most one longest request's service for the time it was away (the bound of VTC's
-analysis), never all it missed. A running request yields to a waiting one of another tenant when its tenant's
-counter is ahead by at least all the service the waiting request can receive (its prompt and max_tokens,
-weighted: its worth): so a light tenant behind a heavy one gets a seat at once, and the two cannot preempt each
-other back and forth (the admitted request, served in full, leaves its tenant no further ahead).
+request in the engine) with the lowest counter goes first. A tenant that becomes active starts no lower than
+the lowest counter of the active tenants (the virtual time, as in start-time fair queuing): where a tenant that
+has been waiting all along stands, so a new name, or one back from an absence, is owed nothing for the time it
+was away and outranks no one (of equal counters, the earlier request goes first). A running request yields to a
+waiting one of another tenant when its tenant's counter is ahead by at least all the service the waiting request
+can receive (its prompt and max_tokens, weighted: its worth): so a light tenant behind a heavy one gets a seat
+as soon as the heavy one has been served that much more, and the two cannot preempt each other back and forth
+(the admitted request, served in full, leaves its tenant no further ahead).
+
+The tenants' table is bounded and kept incrementally: O(log n) a request entering, leaving or being served. An
+idle tenant at or below the virtual time is forgotten (it would start there anyway); past `max_tenants` tenants,
+the idle ones with the lowest counters are forgotten first (each forgiven only its lead on the virtual time);
+when the engine empties, every tenant is. Only tenants with requests in the engine (bounded by the queue) can
+hold the table above `max_tenants`.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from infer.engine.config import EngineConfig
@@ -34,6 +42,52 @@ __all__ = ["MAX_PRIORITY", "MIN_PRIORITY", "Policy"]
 R = TypeVar("R", bound=Request)
 
 
+class _TenantHeap:
+    """Tenants by counter, lowest first. A tenant is filed at its counter then; an entry filed lower than the
+    tenant's counter is now (it was served since) is refiled when it surfaces, and a dropped one is skipped, so
+    filing, dropping and finding the lowest are O(log n), amortized over the counters' updates."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, str]] = []  # (counter when filed, filing number, tenant)
+        self._live: dict[str, int] = {}  # tenant -> the filing number of its live entry
+        self._num_filed = 0
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def file(self, tenant: str, counter: float) -> None:
+        self._num_filed += 1
+        self._live[tenant] = self._num_filed
+        heapq.heappush(self._heap, (counter, self._num_filed, tenant))
+        self._compact()
+
+    def drop(self, tenant: str) -> None:
+        if self._live.pop(tenant, None) is not None:
+            self._compact()
+
+    def lowest(self, counters: Mapping[str, float]) -> tuple[str, float] | None:
+        """The tenant with the lowest counter in `counters` (each filed at or below its counter), and that counter."""
+        heap = self._heap
+        while heap:
+            filed, number, tenant = heap[0]
+            if self._live.get(tenant) != number:
+                heapq.heappop(heap)  # dropped or refiled
+            elif counters[tenant] != filed:
+                heapq.heapreplace(heap, (counters[tenant], number, tenant))  # served since it was filed
+            else:
+                return tenant, filed
+        return None
+
+    def clear(self) -> None:
+        self._heap, self._live = [], {}
+
+    def _compact(self) -> None:
+        # NOTE: dead entries at most as many as live ones (plus a few): the heap stays O(tenants filed)
+        if len(self._heap) > 2 * len(self._live) + 64:
+            self._heap = [e for e in self._heap if self._live.get(e[2]) == e[1]]
+            heapq.heapify(self._heap)
+
+
 class Policy:
     """The `priority` or `fair` policy's choices for the scheduler: the admission order, the running request that
     yields, and whether it yields to a given waiting request. Lives on the stepping thread, like the scheduler."""
@@ -42,10 +96,13 @@ class Policy:
         self.is_fair = config.scheduling_policy == "fair"
         self.aging_s = config.priority_aging_s
         self.max_model_len, self.max_num_seqs = config.max_model_len, config.max_num_seqs
+        self.max_tenants = config.max_tenants
         self.weights = dict(config.tenant_weights)
-        self.counters: dict[str, float] = {}  # tenant -> weighted tokens served (active tenants, and some past)
+        self.counters: dict[str, float] = {}  # tenant -> weighted tokens served (the active, and idle ones ahead)
         self.num_active: dict[str, int] = {}  # tenant -> its requests in the engine
-        self.idle_level = 0.0  # the highest counter when the engine last went idle: where a newcomer starts then
+        self._active, self._idle = _TenantHeap(), _TenantHeap()  # the counters' tenants, by counter
+        self._num_plain_active = 0  # active tenants that weigh 1 (not in `weights`)
+        self._num_weighted_active, self._weighted_active = 0, 0.0  # the other active tenants, and their weights
 
     # standing
     def standing(self, request: Request) -> float:
@@ -59,22 +116,22 @@ class Policy:
 
     # the scheduler's questions
     def admission_order(self, waiting: Sequence[R]) -> Iterator[R]:
-        """Waiting requests, most deserving first. Under fair, lazily: each admission charges its tenant, so the
-        next one is chosen with the counters as they are then."""
-        ordered = sorted(waiting, key=self.standing)[::-1]  # best last, popped first; ties in queue order
-        if not self.is_fair:
-            while ordered:
-                yield ordered.pop()
-            return
-        by_tenant: dict[str, list[R]] = {}
-        for request in ordered:
-            by_tenant.setdefault(request.tenant, []).append(request)
-        while by_tenant:
-            tenant = min(by_tenant, key=lambda t: self.rank(by_tenant[t][-1]))
-            queue = by_tenant[tenant]
-            yield queue.pop()
-            if not queue:
-                del by_tenant[tenant]
+        """Waiting requests, most deserving first (of equals, in queue order). Under fair, lazily: each admission
+        charges its tenant, so the next one is chosen with the counters as they are then. O(waiting) to start,
+        O(log waiting) a request taken."""
+        counters, aging_s = self.counters, self.aging_s
+        queue = [
+            (counters[r.tenant] if self.is_fair else 0.0, r.arrival_time_s + r.params.priority * aging_s, i, r)
+            for i, r in enumerate(waiting)
+        ]  # (the tenant's counter, the standing, the place): `rank`, with ties in queue order
+        heapq.heapify(queue)
+        while queue:
+            counter, standing, i, request = queue[0]
+            if self.is_fair and counters[request.tenant] != counter:  # its tenant was admitted and charged since
+                heapq.heapreplace(queue, (counters[request.tenant], standing, i, request))
+                continue
+            heapq.heappop(queue)
+            yield request
 
     def victim(self, running: Sequence[R]) -> R:
         """The least deserving running request (of equals, the last admitted): the one to preempt."""
@@ -96,31 +153,36 @@ class Policy:
         return self.standing(waiting) < self.standing(running)
 
     # tenants' service (fair)
-    def credit(self, tenant: str) -> float:
-        """The most service a tenant can be owed when it becomes active: `max_model_len` tokens, weighted."""
-        return self.max_model_len / self.weights.get(tenant, 1.0)
+    def weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, 1.0)
 
     def seat_share(self, tenant: str) -> float:
         """The tenant's share of the engine's sequences by weight, among the active tenants."""
-        total = sum(self.weights.get(t, 1.0) for t in self.num_active)
-        return self.max_num_seqs * self.weights.get(tenant, 1.0) / total
+        return self.max_num_seqs * self.weight(tenant) / (self._num_plain_active + self._weighted_active)
 
     def worth(self, request: Request) -> float:
         """The most service `request` can receive in its life, weighted: its prompt and every token it may
         generate."""
         max_tokens = request.params.max_tokens or self.max_model_len - request.num_prompt_tokens
-        return (request.num_prompt_tokens + max_tokens) / self.weights.get(request.tenant, 1.0)
+        return (request.num_prompt_tokens + max_tokens) / self.weight(request.tenant)
+
+    def virtual_time(self) -> float:
+        """The lowest counter of the active tenants (0 when none is): where a tenant that becomes active starts."""
+        lowest = self._active.lowest(self.counters)
+        return 0.0 if lowest is None else lowest[1]
 
     def enter(self, request: Request) -> None:
-        """A request joins the engine: a tenant that was not active is lifted to the active minimum less its
-        credit (if it was lower)."""
+        """A request joins the engine: a tenant that was not active starts at the virtual time, or above it where
+        its counter still is (the lead it had when it left)."""
         if not self.is_fair:
             return
         tenant = request.tenant
-        if self.num_active.get(tenant, 0) == 0:
-            active = [self.counters[t] for t in self.num_active]
-            floor = min(active) - self.credit(tenant) if active else self.idle_level
-            self.counters[tenant] = max(self.counters.get(tenant, floor), floor)
+        if tenant not in self.num_active:
+            start = self.virtual_time()
+            self._idle.drop(tenant)
+            self.counters[tenant] = max(self.counters.get(tenant, start), start)
+            self._active.file(tenant, self.counters[tenant])
+            self._count_weight(tenant, 1)
         self.num_active[tenant] = self.num_active.get(tenant, 0) + 1
 
     def leave(self, request: Request) -> None:
@@ -129,21 +191,40 @@ class Policy:
             return
         tenant = request.tenant
         self.num_active[tenant] -= 1
-        if self.num_active[tenant] == 0:
-            del self.num_active[tenant]
-            self._forget()
+        if self.num_active[tenant] > 0:
+            return
+        del self.num_active[tenant]
+        self._active.drop(tenant)
+        self._count_weight(tenant, -1)
+        if not self.num_active:  # the engine is empty: nobody is owed anything by anyone
+            self.counters = {}
+            self._active.clear()
+            self._idle.clear()
+            return
+        self._idle.file(tenant, self.counters[tenant])
+        self._forget()
 
     def charge(self, request: Request, num_tokens: int) -> None:
         """The request's tenant was served `num_tokens` (prompt or output tokens)."""
         if self.is_fair:
-            self.counters[request.tenant] += num_tokens / self.weights.get(request.tenant, 1.0)
+            self.counters[request.tenant] += num_tokens / self.weight(request.tenant)
+
+    def _count_weight(self, tenant: str, sign: int) -> None:
+        if tenant not in self.weights:
+            self._num_plain_active += sign
+            return
+        self._num_weighted_active += sign
+        self._weighted_active += sign * self.weights[tenant]
+        if self._num_weighted_active == 0:
+            self._weighted_active = 0.0  # NOTE: exact again, not what the additions left
 
     def _forget(self) -> None:
-        # NOTE: an inactive tenant at or below the active minimum would be lifted to it on return anyway: drop it,
-        # so the table holds the active tenants and the few ahead of them, not every tenant ever seen
-        if not self.num_active:
-            self.idle_level = max(self.counters.values(), default=self.idle_level)
-            self.counters = {}
-            return
-        floor = min(self.counters[t] for t in self.num_active)
-        self.counters = {t: c for t, c in self.counters.items() if t in self.num_active or c > floor - self.credit(t)}
+        # an idle tenant at or below the virtual time would start there on return anyway: forgotten for nothing;
+        # past max_tenants, the idle ones nearest the virtual time go first (forgiven the least)
+        start = self.virtual_time()
+        while (lowest := self._idle.lowest(self.counters)) is not None:
+            tenant, counter = lowest
+            if counter > start and len(self.counters) <= self.max_tenants:
+                return
+            self._idle.drop(tenant)
+            del self.counters[tenant]

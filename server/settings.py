@@ -409,6 +409,13 @@ SETTINGS: tuple[Setting, ...] = (
         _tenant_weights,
         "fair: each tenant's weight, name=weight comma-separated (a tenant not named weighs 1)",
     ),
+    Setting(
+        "max_tenants",
+        int,
+        "tenants whose state the server keeps (the fair policy's service counters, the token budgets' buckets): "
+        "past it, idle tenants are forgotten, those nearest the fair share (fair) or idle longest (budgets) first; "
+        "tenants with requests in the engine are always kept (the queue bounds them)",
+    ),
 )
 
 

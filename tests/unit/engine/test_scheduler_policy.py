@@ -90,19 +90,21 @@ def test_a_request_waiting_longer_than_the_aging_bound_is_outranked_by_no_newcom
 
 
 def test_fair_preempts_the_tenant_most_ahead_for_one_behind() -> None:
-    s = make(max_num_seqs=2, scheduling_policy="fair")  # max_model_len 64 tokens: a newcomer's credit
+    s = make(max_num_seqs=2, scheduling_policy="fair")
     for rid in ("a1", "a2"):
         add(s, rid, 40, tenant="a")
     step(s)
-    step(s)  # a: 80 prompt tokens charged, 2 output
+    step(s)  # a: 80 prompt tokens charged, 4 output
     policy = s.policy
     assert policy is not None
-    add(s, "b1", 4, now=1.0, tenant="b")  # b starts a credit (64) below a: ahead of its worth (4 + 8): a seat now
-    out = step(s, 1.0)
+    add(s, "b1", 4, now=1.0, tenant="b")  # b starts at a's counter (the virtual time): owed nothing, behind by 0
+    for _ in range(6):
+        assert not step(s, 1.0).preempted  # a's two decodes put it 2 tokens a step ahead: less than b1's worth
+    out = step(s, 1.0)  # a is ahead by b1's worth (4 + 8): b1 served in full leaves b no further ahead than a
     assert out.preempted == ("a2",) and "b1" in out.num_scheduled_tokens
     s.finish("b1")
     step(s, 1.0)  # a2 back
-    add(s, "b2", 4, now=2.0, tenant="b")  # b is within a credit of a and active no more: lifted to a less 64
+    add(s, "b2", 4, now=2.0, tenant="b")  # b, behind a when it left, was forgotten: back at a's counter
     policy.counters["b"] = policy.counters["a"] - 11  # as if b had been served up to 11 tokens short of a
     assert not step(s, 2.0).preempted  # b2 may be served 12: it would end ahead of a
     policy.counters["b"] -= 1  # 12 short: b2 served in full leaves b no further ahead than a
@@ -172,11 +174,12 @@ def test_the_output_share_of_two_backlogged_tenants_converges_to_their_weights()
 
 
 def test_a_tenant_that_arrives_late_is_not_owed_the_service_it_missed() -> None:
-    core, runner = fake_core(scheduling_policy="fair", max_num_seqs=4)  # max_model_len 256: the credit
+    core, runner = fake_core(scheduling_policy="fair", max_num_seqs=4)
     load = Load(core, runner, ("early", "late"))
     load.run(200, ("early",))  # early alone: about 800 tokens of service
     head_start = load.run(80)
-    # late is owed at most the credit (256 tokens of prompt and output, 24 a request): not early's 800
+    # late starts at early's counter: owed none of early's 800 (the bound: a longest request, 256 tokens of
+    # prompt and output, 24 a request)
     assert head_start["late"] - head_start["early"] <= 256 * 16 / 24, head_start
     tokens = load.run(200)
     assert _share(tokens, "early") == pytest.approx(0.5, abs=0.1), tokens  # then shared
