@@ -30,6 +30,7 @@ class EngineStats:
     grammar_compile_s_total: float = 0.0  # the compiles' time (their trial in the worker process included)
     cpu_threads: int = 0  # CPU threads the steps run on now (engine/threads.py; 0 on a GPU)
     num_kv_events_dropped_total: int = 0  # KV-cache events dropped unsent (the publisher thread fell behind)
+    num_kv_replays_refused_total: int = 0  # KV-event replay requests refused past the bounds, or cut (kv_replay.py)
 
     @property
     def draft_acceptance_rate(self) -> float:

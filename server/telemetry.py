@@ -193,6 +193,7 @@ class Telemetry:
             "infer.grammar.compile_time": ("s", "grammar compile time, trials included", "grammar_compile_s_total"),
             "infer.grammar.refused": ("{constraint}", "refused for compile cost", "num_grammars_refused_total"),
             "infer.kv_events.dropped": ("{event}", "KV-cache events dropped unsent", "num_kv_events_dropped_total"),
+            "infer.kv_events.replays_refused": ("{request}", "replays refused or cut", "num_kv_replays_refused_total"),
         }
         for name, (unit, description, attr) in counters.items():
             meter.create_observable_counter(name, [self._observe(attr)], unit, description)

@@ -19,7 +19,7 @@ STATS = EngineStats(
     num_prompt_tokens_total=100, num_generation_tokens_total=50, num_cached_tokens_total=16,
     tokens_per_s=10.0, queued_tokens=7, num_draft_tokens_total=40, num_accepted_tokens_total=30,
     num_grammars_pending=5, num_grammars_compiled_total=12, num_grammars_refused_total=1, grammar_compile_s_total=2.5,
-    cpu_threads=1, num_kv_events_dropped_total=3,
+    cpu_threads=1, num_kv_events_dropped_total=3, num_kv_replays_refused_total=6,
 )  # fmt: skip
 
 
@@ -89,7 +89,7 @@ def test_engine_gauges_and_counters_are_exported(telemetry: Telemetry) -> None:
         "infer_spec_decode_accepted_tokens_total 30.0", "infer_spec_decode_acceptance_ratio 0.75",
         "infer_grammar_compiles_pending 5.0", "infer_grammar_compiles_total 12.0",
         "infer_grammar_compile_time_seconds_total 2.5", "infer_grammar_refused_total 1.0", "infer_cpu_threads 1.0",
-        "infer_kv_events_dropped_total 3.0",
+        "infer_kv_events_dropped_total 3.0", "infer_kv_events_replays_refused_total 6.0",
     ):  # fmt: skip
         assert line in text, line
 
