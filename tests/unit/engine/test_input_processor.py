@@ -12,7 +12,7 @@ from infer.engine.sampling_params import SamplingParams
 from infer.engine.structured import Constraint
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.tools.use import Tool, ToolChoice, ToolChoiceMode
-from infer.engine.validation import InvalidInput
+from infer.engine.validation import InvalidInput, Refusal
 from tests.helpers.fake_engine import fake_core, tiny_tokenizer
 
 MAX_MODEL_LEN = 64
@@ -85,7 +85,11 @@ def test_operator_limits_name_their_setting(processor: InputProcessor) -> None:
     error = refused(processor, Prompt(token_ids=[5]), SamplingParams(max_tokens=9), max_output_tokens=8)
     assert str(error) == "sampling.max_tokens: 9 exceeds max_output_tokens (8)"
     error = refused(processor, Prompt(messages=USER), SamplingParams(), max_prompt_chars=10, settings=settings)
-    assert error.field == "messages" and "the rendered chat exceeds" in error.message and "(10; setting C)" in error.message
+    assert (
+        error.field == "messages"
+        and "the rendered chat exceeds" in error.message
+        and "(10; setting C)" in error.message
+    )
 
 
 def test_a_chat_too_long_once_rendered_is_refused_before_it_is_tokenized(
@@ -168,3 +172,20 @@ def test_the_core_does_not_check_again(monkeypatch: pytest.MonkeyPatch) -> None:
     outs = llm.generate([[5, 6], "Hello"], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
     assert [len(o.token_ids) for o in outs] == [2, 2]
     assert len(calls) == 2  # one check per request, none in the core
+
+
+def test_a_template_failure_is_refused_as_the_templates_fault(processor: InputProcessor, tokenizer: Tokenizer) -> None:
+    tokenizer.chat_template = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"  # RecursionError: a 500 before
+    error = refused(processor, Prompt(messages=USER), SamplingParams())
+    assert error.field == "messages" and error.reason is Refusal.TEMPLATE_FAILED
+    assert "the chat template failed: RecursionError" in error.message
+
+
+def test_a_template_that_grows_without_end_is_stopped_at_the_rendered_chats_bound(
+    processor: InputProcessor, tokenizer: Tokenizer
+) -> None:
+    tokenizer.chat_template = "{% for i in range(100000) %}{% for j in range(100000) %}xxxx{% endfor %}{% endfor %}"
+    error = refused(processor, Prompt(messages=USER), SamplingParams(), max_prompt_chars=1000)
+    assert error.reason is Refusal.CONTEXT_LENGTH and "the rendered chat exceeds max_prompt_chars (1000)" in str(error)
+    error = refused(processor, Prompt(messages=USER), SamplingParams())  # no operator bound: 16 a token
+    assert error.reason is Refusal.CONTEXT_LENGTH and f"{16 * MAX_MODEL_LEN} characters" in str(error)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer as BackendTokenizer
 
-from infer.engine.tokenizer import ChatTemplateError, Tokenizer, TokenizerLoadError
+from infer.engine.tokenizer import ChatTemplateError, TemplateFailed, Tokenizer, TokenizerLoadError
 from tests.helpers.tiny_tokenizer import train_byte_bpe
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]
@@ -284,4 +284,44 @@ def test_no_chat_template_is_a_clear_error(tmp_path: Path) -> None:
 def test_invalid_template_syntax_is_a_chat_template_error(tmp_path: Path) -> None:
     tok = Tokenizer.from_dir(write_model_dir(tmp_path, chat_template_file="{% for m in messages %}"))
     with pytest.raises(ChatTemplateError, match="invalid chat template"):
+        tok.apply_chat_template(CONVERSATION)
+
+
+def test_a_model_directory_without_a_template_names_chat_template_jinja_and_the_flag(tmp_path: Path) -> None:
+    tok = Tokenizer.from_dir(write_model_dir(tmp_path, chat_template_file=None))
+    with pytest.raises(ChatTemplateError, match=r"--chat-template.*chat_template\.jinja"):
+        tok.apply_chat_template(CONVERSATION)
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["{{ 1 // 0 }}", "{% if messages[0].role == 'system' %}{{ raise_exception('no') }}{% endif %}{{ x.y.z }}"],
+    ids=["always", "even-without-system"],
+)
+def test_a_template_that_cannot_render_the_probe_chat_is_refused_at_load(tmp_path: Path, template: str) -> None:
+    tok = Tokenizer.from_dir(write_model_dir(tmp_path, chat_template_file=template))
+    with pytest.raises(ChatTemplateError, match=r"failed: .* \(on a probe conversation: system, user, assistant"):
+        tok.check_chat_template()
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        CHATML,
+        "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok",
+        "{% for m in messages %}{% if m.role == 'tool' %}{{ 1 // 0 }}{% endif %}{% endfor %}ok",  # tools: logged
+    ],
+    ids=["chatml", "no-system-turn", "no-tool-turn"],
+)
+def test_a_template_that_renders_the_probe_chat_is_taken(tmp_path: Path, template: str) -> None:
+    Tokenizer.from_dir(write_model_dir(tmp_path, chat_template_file=template)).check_chat_template()
+
+
+def test_a_template_failure_at_request_time_is_a_template_failure_naming_it(tmp_path: Path) -> None:
+    tok = Tokenizer.from_dir(write_model_dir(tmp_path, chat_template_file="{{ 1 // 0 }}"))
+    with pytest.raises(TemplateFailed, match=f"the chat template of {tmp_path} failed: ZeroDivisionError"):
+        tok.apply_chat_template(CONVERSATION)
+    tok.template_timeout_s = 0.2  # NOTE: a short bound, for tests only
+    tok.chat_template = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    with pytest.raises(TemplateFailed, match="ran past its time bound"):
         tok.apply_chat_template(CONVERSATION)
