@@ -15,6 +15,7 @@ from infer.engine.validation import check
 from infer.kernels import BACKENDS
 
 DEFAULT_MAX_MODEL_LEN = 2048  # when the model allows as much
+DEFAULT_MAX_TENANTS = 10_000
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # NOTE: the LM head of an int4 model stays int8, as llama.cpp's Q4_1 files keep theirs Q8_0: on SmolLM2-135M an
 # int4 head alone cost +5.0% perplexity on the fixed text, an int8 one -0.05% (docs/benchmarks/precision.md)
@@ -85,7 +86,7 @@ class EngineConfig:
     tenant_weights: tuple[tuple[str, float], ...] = ()  # (tenant, weight) for fair; a tenant not named: 1
     # tenants whose state is kept (fair's counters, token budgets): past it, idle ones are forgotten; tenants with
     # requests in the engine are always kept (the queue bounds them)
-    max_tenants: int = 10_000
+    max_tenants: int = DEFAULT_MAX_TENANTS
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes",

@@ -153,6 +153,11 @@ class Policy:
         return self.standing(waiting) < self.standing(running)
 
     # tenants' service (fair)
+    @property
+    def num_tenants(self) -> int:
+        """Tenants in the table: the active ones and the idle ones still ahead of the virtual time."""
+        return len(self.counters)
+
     def weight(self, tenant: str) -> float:
         return self.weights.get(tenant, 1.0)
 

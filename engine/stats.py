@@ -31,6 +31,7 @@ class EngineStats:
     cpu_threads: int = 0  # CPU threads the steps run on now (engine/threads.py; 0 on a GPU)
     num_kv_events_dropped_total: int = 0  # KV-cache events dropped unsent (the publisher thread fell behind)
     num_kv_replays_refused_total: int = 0  # KV-event replay requests refused past the bounds, or cut (kv_replay.py)
+    num_tenants_tracked: int = 0  # tenants in the fair policy's table (bounded: max_tenants and the queue)
 
     @property
     def draft_acceptance_rate(self) -> float:

@@ -6,6 +6,11 @@ when the bucket is full), and those are taken at once; its output tokens are tak
 request in flight may overdraw the bucket (its output is never cut), and the tenant's next request waits until
 the bucket has refilled: refused meanwhile with RESOURCE_EXHAUSTED (HTTP 429) and the seconds until it would be
 admitted (Retry-After). Prompt tokens count whether or not the prefix cache held them.
+
+At most `max_buckets` tenants' buckets are kept (`--max-tenants`): when a new one would pass it, the full ones
+are forgotten (a full bucket is what a new one is), and if more than half are still kept, the least recently used
+go until half are (forgiven what they owed: a bucket refills from empty within a minute, so the least recently used
+are the first to have refilled). Memory stays bounded, and the full pass runs once per half the bound new tenants.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from infer.engine.config import DEFAULT_MAX_TENANTS
+
 SECONDS_PER_MINUTE = 60.0
-MAX_BUCKETS = 4096  # past this many tenants seen, full buckets (the same as new ones) are forgotten
 
 
 class BudgetExceededError(Exception):
@@ -51,10 +57,13 @@ class TokenBudgets:
     then `charge` with no await between them is one step."""
 
     def __init__(
-        self, tokens_per_minute: Callable[[str], int | None], clock: Callable[[], float] = time.monotonic
+        self,
+        tokens_per_minute: Callable[[str], int | None],
+        clock: Callable[[], float] = time.monotonic,
+        max_buckets: int = DEFAULT_MAX_TENANTS,
     ) -> None:
-        self.tokens_per_minute, self.clock = tokens_per_minute, clock
-        self._buckets: dict[str, _Bucket] = {}
+        self.tokens_per_minute, self.clock, self.max_buckets = tokens_per_minute, clock, max_buckets
+        self._buckets: dict[str, _Bucket] = {}  # least recently used first
 
     def check(self, tenant: str, num_prompt_tokens: int) -> None:
         """BudgetExceededError when the tenant's bucket cannot pay for the prompt now."""
@@ -82,18 +91,21 @@ class TokenBudgets:
         if tokens_per_minute is None:
             return None
         now_s = self.clock()
-        bucket = self._buckets.get(tenant)
+        bucket = self._buckets.pop(tenant, None)  # NOTE: put back last: the most recently used
         if bucket is None or bucket.tokens_per_minute != tokens_per_minute:
-            if len(self._buckets) >= MAX_BUCKETS:
-                self._forget_full(now_s)
-            bucket = self._buckets[tenant] = _Bucket(tokens_per_minute, float(tokens_per_minute), now_s)
+            if len(self._buckets) >= self.max_buckets:
+                self._forget(now_s)
+            bucket = _Bucket(tokens_per_minute, float(tokens_per_minute), now_s)
+        self._buckets[tenant] = bucket
         bucket.refill(now_s)
         return bucket
 
-    def _forget_full(self, now_s: float) -> None:
+    def _forget(self, now_s: float) -> None:
         for bucket in self._buckets.values():
             bucket.refill(now_s)
         self._buckets = {t: b for t, b in self._buckets.items() if not b.is_full}
+        for tenant in list(self._buckets)[: max(0, len(self._buckets) - self.max_buckets // 2)]:
+            del self._buckets[tenant]  # the least recently used
 
     def __len__(self) -> int:
         return len(self._buckets)

@@ -39,6 +39,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     ) -> None:
         self.lifecycle, self.telemetry = lifecycle, telemetry
         self.tenants = tenants or Tenants()  # who asks (the API key's name, or the tenant header), their budgets
+        telemetry.track_tenants(self.tenants)
         self.limits = limits or RequestLimits()
         self.prompt_workers = prompt_workers or PromptWorkers(self.limits.max_pending_long_prompts)
 

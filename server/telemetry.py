@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry import propagate, trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 StatsSource = Callable[[], EngineStats | None]
+
+
 METRIC_SETS = ("infer", "vllm")
 # the model-server protocol's gauges (Gateway API Inference Extension) by infer's own Prometheus names;
 # the Helm chart's HPA uses them (a picker reads vLLM's names: vllm_metrics.py)
@@ -40,6 +42,13 @@ PROTOCOL_GAUGES = {
     "TotalRunningRequests": "infer_requests_running",
     "KVCacheUtilization": "infer_kv_cache_usage_ratio",
 }
+
+
+class TenantCount(Protocol):
+    """What keeps per-tenant state and says how much (server/tenants.py's `Tenants`)."""
+
+    @property
+    def num_tracked(self) -> int: ...
 
 
 class RequestTrace:
@@ -143,6 +152,7 @@ class Telemetry:
             self.registry.register(VllmMetrics(stats, model))
         self.meter_provider = MeterProvider(metric_readers=readers, resource=resource)
         self._stats = stats
+        self._tenants: TenantCount | None = None
         self._http: Any = None
         self._create_instruments()
 
@@ -218,6 +228,14 @@ class Telemetry:
             "infer.tenant.queue_time", "s", "arrival in the engine to first scheduled, by tenant",
             explicit_bucket_boundaries_advisory=TTFT_BUCKETS_S,
         )  # fmt: skip
+        meter.create_observable_gauge(
+            "infer.tenants.tracked", [self._observe_tenants], "{tenant}",
+            "tenants whose state is kept (bounded by max_tenants), by table: scheduler (the fair policy's), budgets",
+        )  # fmt: skip
+
+    def track_tenants(self, tenants: TenantCount) -> None:
+        """Export how many tenants `tenants` keeps state for (the servicer's token budgets)."""
+        self._tenants = tenants
 
     def _observe(self, attr: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
@@ -225,6 +243,12 @@ class Telemetry:
             return [] if stats is None else [Observation(getattr(stats, attr))]
 
         return callback
+
+    def _observe_tenants(self, options: CallbackOptions) -> Iterable[Observation]:
+        stats = self._stats()
+        engine = [] if stats is None else [Observation(stats.num_tenants_tracked, {"table": "scheduler"})]
+        server = [] if self._tenants is None else [Observation(self._tenants.num_tracked, {"table": "budgets"})]
+        return engine + server
 
     def _observe_kv_usage(self, options: CallbackOptions) -> Iterable[Observation]:
         stats = self._stats()

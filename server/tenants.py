@@ -9,6 +9,9 @@ The tenants file (`--tenants FILE`): one tenant a line, `name weight [tokens_per
 with `#` starts a comment, blank lines are skipped. `weight` (> 0) is the tenant's share under the fair policy;
 `tokens_per_minute` its token budget: a whole number >= 1, or `none` for no budget; left out, the default
 budget. A tenant the file does not name weighs 1 and has the default budget.
+
+What the server keeps per tenant is bounded by `max_tenants` (`--max-tenants`): the token buckets here
+(budgets.py), and the fair policy's counters in the engine (engine/policy.py); idle tenants are forgotten past it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 from infer.api import API_KEY_METADATA, bearer_key
 from infer.engine import DEFAULT_TENANT, InvalidInput
+from infer.engine.config import DEFAULT_MAX_TENANTS
 from infer.server.budgets import TokenBudgets
 from infer.server.security import MAX_TENANT_CHARS, TENANT_NAME, ApiKeys
 
@@ -130,19 +134,26 @@ class TenantIdentity:
 class Tenants:
     """What the servicer asks of tenants: who asks (`identity`), its metrics label (`label`: a tenant the tenants
     file or the keys file names, or the default tenant, is its own label; any other is "other", so the labels are
-    bounded by the operator's files, not by what callers send), and the token budgets (`budgets`)."""
+    bounded by the operator's files, not by what callers send), and the token budgets (`budgets`: at most
+    `max_tenants` tenants' buckets)."""
 
     def __init__(
         self,
         identity: TenantIdentity | None = None,
         table: TenantTable | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_tenants: int = DEFAULT_MAX_TENANTS,
     ) -> None:
         self.identity = identity or TenantIdentity()
         self.table = table or TenantTable()
-        self.budgets = TokenBudgets(self.table.tokens_per_minute, clock)
+        self.budgets = TokenBudgets(self.table.tokens_per_minute, clock, max_tenants)
         keys = self.identity.keys
         self.labels = frozenset(self.table.named) | (keys.names if keys is not None else frozenset()) | {DEFAULT_TENANT}
 
     def label(self, tenant: str) -> str:
         return tenant if tenant in self.labels else OTHER_TENANTS
+
+    @property
+    def num_tracked(self) -> int:
+        """Tenants whose state is kept here (their token buckets)."""
+        return len(self.budgets)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from infer.server import budgets
 from infer.server.budgets import BudgetExceededError, TokenBudgets
 
 
@@ -75,10 +74,21 @@ def test_tenants_have_their_own_buckets_and_a_tenant_without_a_budget_none() -> 
     assert b.level("free") is None and len(b) == 2
 
 
-def test_full_buckets_are_forgotten_when_many_tenants_were_seen(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(budgets, "MAX_BUCKETS", 10)
-    b = TokenBudgets(lambda tenant: 60, FakeClock())
+def test_full_buckets_are_forgotten_when_many_tenants_were_seen() -> None:
+    b = TokenBudgets(lambda tenant: 60, FakeClock(), max_buckets=10)
     b.charge("spent", 30)
     for i in range(20):
         b.check(f"t{i}", 1)  # a bucket each, full
     assert len(b) <= 10 and b.level("spent") is not None and b.level("spent") < 60  # kept: not full
+
+
+def test_the_buckets_stay_at_their_bound_when_every_tenant_has_spent() -> None:
+    b = TokenBudgets(lambda tenant: 60, FakeClock(), max_buckets=100)
+    for i in range(5_000):  # a new tenant per request, each leaving its bucket spent: none is full
+        b.check(f"t{i}", 1)
+        b.charge(f"t{i}", 50)
+        assert len(b) <= 100
+    assert len(b) > 50  # forgotten down to half at most, not emptied
+    assert b.level("t4999") == 10  # the most recent are kept, what they owe with them
+    b.charge("t3", 0)  # forgotten, the least recently used: back with a full bucket
+    assert b.level("t3") == 60

@@ -13,13 +13,14 @@ from prometheus_client import generate_latest
 from infer.engine.request import FinishReason, RequestOutput, Timings, Usage
 from infer.engine.stats import EngineStats
 from infer.server.telemetry import PROTOCOL_GAUGES, Telemetry
+from infer.server.tenants import Tenants, TenantTable
 
 STATS = EngineStats(
     num_waiting=2, num_running=3, num_blocks_used=10, num_blocks_free=90, num_preemptions_total=4,
     num_prompt_tokens_total=100, num_generation_tokens_total=50, num_cached_tokens_total=16,
     tokens_per_s=10.0, queued_tokens=7, num_draft_tokens_total=40, num_accepted_tokens_total=30,
     num_grammars_pending=5, num_grammars_compiled_total=12, num_grammars_refused_total=1, grammar_compile_s_total=2.5,
-    cpu_threads=1, num_kv_events_dropped_total=3, num_kv_replays_refused_total=6,
+    cpu_threads=1, num_kv_events_dropped_total=3, num_kv_replays_refused_total=6, num_tenants_tracked=9,
 )  # fmt: skip
 
 
@@ -92,6 +93,15 @@ def test_engine_gauges_and_counters_are_exported(telemetry: Telemetry) -> None:
         "infer_kv_events_dropped_total 3.0", "infer_kv_events_replays_refused_total 6.0",
     ):  # fmt: skip
         assert line in text, line
+
+
+def test_the_tenants_tracked_are_exported_by_table(telemetry: Telemetry) -> None:
+    assert 'infer_tenants_tracked{table="scheduler"} 9.0' in _scrape(telemetry)
+    tenants = Tenants(table=TenantTable({}, default_tokens_per_minute=60))
+    for tenant in ("a", "b"):
+        tenants.budgets.charge(tenant, 1)
+    telemetry.track_tenants(tenants)
+    assert 'infer_tenants_tracked{table="budgets"} 2.0' in _scrape(telemetry)
 
 
 def test_the_model_server_protocol_gauges_are_exported_by_their_names(telemetry: Telemetry) -> None:

@@ -36,6 +36,16 @@ def test_metric_labels_are_the_named_tenants_the_default_and_other() -> None:
     assert labels == ["gold", "team-a", DEFAULT_TENANT, OTHER_TENANTS, OTHER_TENANTS, OTHER_TENANTS]
 
 
+def test_the_state_kept_per_tenant_stays_at_max_tenants() -> None:
+    tenants = Tenants(TenantIdentity(header="x-tenant"), TenantTable({}, default_tokens_per_minute=600), max_tenants=50)
+    for i in range(2_000):  # the tenant header's values: a new one per request
+        tenant = tenants.identity.tenant([("x-tenant", f"caller-{i}")])
+        tenants.budgets.check(tenant, 10)
+        tenants.budgets.charge(tenant, 10)
+        assert tenants.num_tracked <= 50
+    assert tenants.num_tracked > 25 and tenants.label("caller-1999") == OTHER_TENANTS
+
+
 @pytest.mark.parametrize(
     ("line", "problem"),
     [
