@@ -8,7 +8,8 @@ already (for its tensors) passes it, and its fields are read instead (`contents(
 
 The file is a stranger's: no count in it is trusted. Before anything is read or allocated, each count, length and
 dimension is checked against the bytes left in the file (a string of n bytes needs n of them; an array of n
-values at least n times the smallest value's size; a tensor entry at least 24), against `MAX_FIELDS`,
+values at least n times the smallest value's size; a tensor entry at least 24), against `MAX_STRING_BYTES` (a
+value) and `MAX_NAME_BYTES` (a key, a tensor's name), `MAX_FIELDS`,
 `MAX_TENSORS`, `MAX_ARRAY_ELEMENTS` per array and `MAX_METADATA_ELEMENTS` in all, and against `MAX_DIMS`
 dimensions and `MAX_ARRAY_DEPTH` levels of arrays in arrays: so what the walk allocates is bounded by the file's
 size, and a lie is a `GGUFMetadataError` naming the field (or the tensor entry) and the file.
@@ -52,6 +53,10 @@ MAX_ARRAY_DEPTH = 3  # arrays of arrays of arrays at most
 # 1.3M values in all); these are 16x and 6x that, and bound what a header's Python lists take (~60 bytes each)
 MAX_ARRAY_ELEMENTS = 1 << 22
 MAX_METADATA_ELEMENTS = 1 << 23
+# NOTE: a chat template, the longest string of real files, is 1-50 KB; a string that runs on into the tensor data
+# (a length that lies, inside the file) would otherwise be copied and decoded whole: 2x a 1 GB file
+MAX_STRING_BYTES = 1 << 24
+MAX_NAME_BYTES = 1 << 10  # a key or a tensor's name (llama.cpp's tensor names: 64 at most)
 MAX_FIELDS = 1 << 16  # real files have 20-60
 MAX_TENSORS = 1 << 16  # real files have 100-3,000 (a model's experts are stacked in one tensor per layer)
 
@@ -162,13 +167,13 @@ class _Header:
 
     def key(self, index: int) -> str:
         try:
-            return self.string()
+            return self.string(MAX_NAME_BYTES)
         except (struct.error, ValueError) as e:
             raise GGUFMetadataError(f"cannot read the key of field #{index} of {self.path}: {e}") from None
 
     def tensor_info(self, index: int) -> TensorInfo:
         try:
-            name = self.string()
+            name = self.string(MAX_NAME_BYTES)
         except (struct.error, ValueError) as e:
             raise GGUFMetadataError(f"cannot read the name of tensor #{index} of {self.path}: {e}") from None
         try:
@@ -186,10 +191,12 @@ class _Header:
         self.pos += struct.calcsize(self.order + fmt)
         return values
 
-    def string(self) -> str:
+    def string(self, limit: int = MAX_STRING_BYTES) -> str:
         (length,) = self.unpack("Q")
         if length > self.left:
             raise ValueError(f"truncated or corrupt: a string of {length} bytes runs past the end of the file")
+        if length > limit:
+            raise ValueError(f"a string of {length} bytes (at most {limit})")
         start, self.pos = self.pos, self.pos + length
         return self.buf[start : self.pos].decode("utf-8")
 
@@ -204,6 +211,8 @@ class _Header:
             start, pos = pos + 8, pos + 8 + length
             if pos > end:
                 raise ValueError(f"truncated or corrupt: a string of {length} bytes runs past the end of the file")
+            if length > MAX_STRING_BYTES:
+                raise ValueError(f"a string of {length} bytes (at most {MAX_STRING_BYTES})")
             append(buf[start:pos].decode("utf-8"))
         self.pos = pos
         return out

@@ -22,8 +22,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _lie(tiny: Path, tmp_path: Path, label: str, value: int) -> Path:
+    """A copy of `tiny` with `value` in the first number labelled `label`."""
+    first = next(s for s in header_slots(tiny) if s.label == label)
     out = tmp_path / "lie.gguf"
-    out.write_bytes(patched(tiny.read_bytes(), slot(tiny, label), value))
+    out.write_bytes(patched(tiny.read_bytes(), first, value))
     return out
 
 
@@ -124,3 +126,34 @@ def test_a_tensor_type_that_cannot_be_read_is_named(tiny: Path, tmp_path: Path, 
     # NOTE: was a NotImplementedError traceback from gguf.quants while the weights were filled
     path = _lie(tiny, tmp_path, "output_norm.weight ggml type", GGMLQuantizationType[type_name])
     _refused(path, f"'output_norm.weight' is of ggml type {type_name}, which infer cannot read")
+
+
+def _sparse(tiny: Path, tmp_path: Path, label: str, value: int, size: int = 64 << 20) -> Path:
+    out = _lie(tiny, tmp_path, label, value)
+    with out.open("r+b") as f:
+        f.truncate(size)  # NOTE: sparse: room for the lie inside the file, no disk
+    return out
+
+
+@pytest.mark.parametrize(
+    ("label", "match"),
+    [
+        ("tokenizer.ggml.model length", "'tokenizer.ggml.model'.*a string of 41943040 bytes"),
+        ("tokenizer.ggml.tokens[1] length", "'tokenizer.ggml.tokens'.*a string of 41943040 bytes"),
+        ("tensor name length", "name of tensor #0 .*a string of 41943040 bytes"),
+    ],
+)
+def test_a_string_that_runs_on_inside_the_file_is_refused_unread(
+    tiny: Path, tmp_path: Path, label: str, match: str
+) -> None:
+    import tracemalloc
+
+    # NOTE: was a copy and a decode of everything up to the length (2x a 1 GB file, found by the fuzzer)
+    path = _sparse(tiny, tmp_path, label, 40 << 20)
+    tracemalloc.start()
+    try:
+        _refused(path, match)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
