@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from infer.api import SERVICE_NAME
 from infer.engine import AsyncEngine, EngineClient, EngineConfig, EngineStats, ModelLoadError
+from infer.server.draining import Refuser
 from infer.server.health_port import HealthPort
 from infer.server.lifecycle import Lifecycle
 from infer.server.security import ApiKeyInterceptor, ApiKeys, server_credentials
@@ -175,6 +176,12 @@ class InferenceServer:
             server.add_insecure_port(self.local_address)
         return int(port)
 
+    async def _refuse_new_calls(self) -> Refuser | None:
+        """The port answering new connections for the rest of the drain, once grpc has closed it."""
+        cfg, tls = self.config, self.config.tls
+        refuser = Refuser(f"{cfg.host}:{self.port}", server_credentials(tls) if tls else None, list(GRPC_OPTIONS))
+        return refuser if await refuser.start() else None
+
     async def load(self, engine: EngineClient | None = None) -> None:
         """Load the model (in a thread: health keeps answering), warm it up, then report SERVING.
 
@@ -203,23 +210,28 @@ class InferenceServer:
         logger.info("SERVING on %s:%d", self.config.host, self.port)
 
     async def stop(self, grace_s: float | None = None) -> None:
-        """Drain, then stop: health NOT_SERVING, then GOAWAY on every connection (clients move to other replicas;
-        the listener closes); in-flight RPCs finish within grace_s (then they are cancelled)."""
+        """Drain, then stop: health NOT_SERVING, then GOAWAY on every connection (clients move to other replicas);
+        in-flight RPCs finish within grace_s (then they are cancelled). Until then, new connections to the port
+        are answered too: UNAVAILABLE, NOT_SERVING, a retry hint (server/draining.py)."""
         grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
         if self._watchdog is not None:
             self._watchdog.cancel()
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + grace_s
         await self.lifecycle.start_draining()
-        server, goaway = self._server, None
+        server, goaway, refuser = self._server, None, None
         if server is not None:  # a graceful stop: GOAWAY, then calls left at the end of the grace are cancelled
             await asyncio.sleep(min(GOAWAY_DELAY_S, grace_s))
             goaway = asyncio.create_task(server.stop(grace=max(0.0, deadline_s - loop.time())))
+            if self.lifecycle.num_in_flight and deadline_s > loop.time():
+                refuser = await self._refuse_new_calls()  # NOTE: grpc closed the listener with its GOAWAY
         await self.lifecycle.wait_idle(max(0.0, deadline_s - loop.time()))
         if server is not None and goaway is not None:
             # NOTE: health Watch streams (client-side health checking) never end by themselves
             await server.stop(grace=STOP_GRACE_S)
             await goaway
+        if refuser is not None:
+            await refuser.stop()
         if self.health_port is not None:
             await self.health_port.stop()  # NOTE: after the main port: probes see NOT_SERVING for the whole drain
         self.lifecycle.stopped()

@@ -27,8 +27,12 @@ class State(enum.Enum):
     STOPPED = "stopped"
 
 
+SHUTTING_DOWN = "the server is shutting down"
+RETRY_AFTER_S = 2  # the retry hint of a refusal while not serving (RETRY_AFTER_KEY; the gateway's 503 Retry-After)
+
+
 class NotServingError(RuntimeError):
-    """The server is loading its model or draining: UNAVAILABLE, try another replica."""
+    """The server is loading its model or draining: UNAVAILABLE, try another replica (or again in RETRY_AFTER_S)."""
 
 
 class Lifecycle:
@@ -73,7 +77,7 @@ class Lifecycle:
     def in_flight(self) -> Iterator[EngineClient]:
         """The engine for one RPC; NotServingError unless serving."""
         if self.state is not State.SERVING or self.engine is None:
-            reason = "the model is loading" if self.state is State.LOADING else "the server is shutting down"
+            reason = "the model is loading" if self.state is State.LOADING else SHUTTING_DOWN
             raise NotServingError(f"not serving: {reason}")
         self.num_in_flight += 1
         self._idle.clear()

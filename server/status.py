@@ -1,6 +1,6 @@
 """How an RPC ends when it fails: the exception as a gRPC status code, a message for people, and the contract's
 trailing metadata (`infer.api`): the reason (ERROR_REASON_KEY), for bad input the field (INVALID_FIELD_KEY), and
-for a spent token budget the seconds to wait (RETRY_AFTER_KEY).
+for a spent token budget or a server not serving the seconds to wait (RETRY_AFTER_KEY).
 Callers decide on the code and the reason, never on the message."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import grpc
 from infer.api import ERROR_REASON_KEY, INVALID_FIELD_KEY, RETRY_AFTER_KEY, ErrorReason
 from infer.engine import InvalidInput, QueueFullError, Refusal
 from infer.server.budgets import BudgetExceededError
-from infer.server.lifecycle import NotServingError
+from infer.server.lifecycle import RETRY_AFTER_S, NotServingError
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Status:
     message: str
     reason: ErrorReason | None = None
     field: str | None = None  # the request field at fault (INVALID_ARGUMENT)
-    retry_after_s: int | None = None  # when the call would be let in (BUDGET_EXCEEDED)
+    retry_after_s: int | None = None  # when the call would be let in (BUDGET_EXCEEDED), or to try again (NOT_SERVING)
 
     @property
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -66,6 +66,6 @@ def status_of(error: Exception) -> Status:
         code, reason = grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.BUDGET_EXCEEDED
         return Status(code, str(error), reason, retry_after_s=error.retry_after_s)
     if isinstance(error, NotServingError):
-        return Status(grpc.StatusCode.UNAVAILABLE, str(error), ErrorReason.NOT_SERVING)
+        return Status(grpc.StatusCode.UNAVAILABLE, str(error), ErrorReason.NOT_SERVING, retry_after_s=RETRY_AFTER_S)
     logger.exception("unexpected error in an RPC", exc_info=error)
     return Status(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -24,7 +25,7 @@ from starlette.types import ASGIApp
 from infer.api import DEFAULT_ADDRESS
 from infer.clients.channel import ClientTls
 from infer.server.gateway.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
-from infer.server.gateway.guard import INCOMPLETE_HEAD_BYTES, Guard, HttpLimits
+from infer.server.gateway.guard import INCOMPLETE_HEAD_BYTES, Drain, Guard, HttpLimits
 from infer.server.gateway.metrics import GatewayMetrics, MetricsMiddleware
 from infer.server.gateway.origins import BrowserPolicy, cors, is_loopback_address
 from infer.server.gateway.protocol import with_header_timeout
@@ -54,6 +55,7 @@ def app_for(config: GatewayConfig) -> ASGIApp:
     metrics = GatewayMetrics()
     routes = Routes(client, metrics, config.model_id, config.tenant_header)
     policy = BrowserPolicy(config.allowed_origins, config.api_keys is None, is_loopback_address(config.host))
+    drain = Drain()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -77,7 +79,7 @@ def app_for(config: GatewayConfig) -> ASGIApp:
         middleware=[
             Middleware(MetricsMiddleware, metrics=metrics),
             *cors(config.allowed_origins),
-            Middleware(Guard, keys=config.api_keys, limits=config.limits, policy=policy),
+            Middleware(Guard, keys=config.api_keys, limits=config.limits, policy=policy, drain=drain),
         ],
         exception_handlers={
             APIError: handle_api_error,
@@ -86,7 +88,7 @@ def app_for(config: GatewayConfig) -> ASGIApp:
         },
         lifespan=lifespan,
     )
-    app.state.metrics, app.state.upstream = metrics, client
+    app.state.metrics, app.state.upstream, app.state.drain = metrics, client, drain
     return app
 
 
@@ -233,6 +235,7 @@ class GatewayServer:
         self.config = config
         self.app = app_for(config)
         self.metrics: GatewayMetrics = self.app.state.metrics  # type: ignore[attr-defined]
+        self.drain: Drain = self.app.state.drain  # type: ignore[attr-defined]
         self.port = 0
         self.metrics_port: int | None = None
         self._metrics_http: Any = None
@@ -290,9 +293,17 @@ class GatewayServer:
             await self.stop()
 
     async def stop(self) -> None:
-        """Stop accepting, let open responses finish (up to shutdown_grace_s, then cancel them), close."""
+        """Drain: new requests get 503 with Retry-After while open responses finish (up to shutdown_grace_s, then
+        they are cancelled); then the listener closes."""
         if self._server is None or self._task is None:
             return
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + self.config.shutdown_grace_s
+        if not await self.drain.drain(self.config.shutdown_grace_s):
+            logger.warning("gateway drain: %d requests still open after %.1f s; cancelling them",
+                           self.drain.num_in_flight, self.config.shutdown_grace_s)  # fmt: skip
+        # NOTE: uvicorn's own wait for open responses gets what is left of the grace
+        self._server.config.timeout_graceful_shutdown = math.ceil(max(0.0, deadline_s - loop.time()))
         self._server.should_exit = True
         await self._task
         self._server = self._task = None

@@ -9,6 +9,8 @@ time, quiet disconnects.
 - A POST body that is not `Content-Type: application/json`: 415 (a web form or a text/plain fetch is not).
 - A body that does not arrive within body_timeout_s of the request's start: 408, connection closed.
 - A client gone before its body arrived: a one-line INFO log, no traceback.
+- While the gateway drains (`Drain`): 503 with Retry-After, connection closed, for every new request but /metrics;
+  the requests in flight finish.
 
 A refused request's body is read and dropped first (within the same size and time bounds): closing a socket
 with unread bytes in it makes the kernel reset the connection, and the client may lose the answer.
@@ -17,7 +19,9 @@ with unread bytes in it makes the kernel reset the connection, and the client ma
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from starlette.requests import ClientDisconnect
@@ -26,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from infer.api import API_KEY_METADATA
 from infer.server.gateway.errors import APIError
 from infer.server.gateway.origins import BrowserPolicy
+from infer.server.gateway.streams import SHUTTING_DOWN
 from infer.server.security import ApiKeys
 
 logger = logging.getLogger(__name__)
@@ -49,6 +54,36 @@ class HttpLimits:
             raise ValueError("max_request_bytes: must be >= 1")
         if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
             raise ValueError("http_header_timeout_s, http_body_timeout_s: must be > 0")
+
+
+class Drain:
+    """The gateway's requests in flight, and whether it drains (new requests refused 503, Retry-After)."""
+
+    def __init__(self) -> None:
+        self.is_draining = False
+        self.num_in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def drain(self, grace_s: float) -> bool:
+        """Refuse new requests from now on; wait until those in flight end. False if some outlived grace_s."""
+        self.is_draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        except TimeoutError:
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        self.num_in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.num_in_flight -= 1
+            if self.num_in_flight == 0:
+                self._idle.set()
 
 
 class _BodyError(Exception):
@@ -111,10 +146,15 @@ def _media_type_refusal(content_type: str | None) -> APIError | None:
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, keys: ApiKeys | None, limits: HttpLimits, policy: BrowserPolicy) -> None:
+    def __init__(
+        self, app: ASGIApp, keys: ApiKeys | None, limits: HttpLimits, policy: BrowserPolicy, drain: Drain | None = None
+    ) -> None:
         self.app, self.keys, self.limits, self.policy = app, keys, limits, policy
+        self.drain = drain if drain is not None else Drain()
 
     def _refusal(self, scope: Scope) -> APIError | None:
+        if self.drain.is_draining and scope["path"] != "/metrics":
+            return SHUTTING_DOWN
         if (num_bytes := header_bytes(scope)) > MAX_HEADER_BYTES:
             message = f"request headers of {num_bytes} bytes: more than {MAX_HEADER_BYTES} in all"
             return APIError(431, message, code="request_header_fields_too_large")
@@ -153,13 +193,15 @@ class Guard:
         refusal = self._refusal(scope)
         if refusal is not None:
             is_read = refusal.status != 413 and await self._drop_body(receive)
-            # NOTE: 400 here is CL + TE: RFC 9112 says close; a 431's client sends the same heads again
-            must_close = not is_read or refusal.status in (400, 431)
+            # NOTE: 400 here is CL + TE: RFC 9112 says close; a 431's client sends the same heads again; a 503
+            # while draining: the client's retry takes a new connection, which a balancer may send elsewhere
+            must_close = not is_read or refusal.status in (400, 431, 503)
             await refusal.response({"Connection": "close"} if must_close else {})(scope, receive, send)
             return
         body = _Body(receive, self.limits)
         try:
-            await self.app(scope, body.receive, send)
+            with self.drain.in_flight():
+                await self.app(scope, body.receive, send)
         except _BodyError as e:
             logger.info("%s %s from %s: %d: %s", scope["method"], scope["path"], _client(scope), e.error.status, e)
             await e.error.response({"Connection": "close"})(scope, receive, send)

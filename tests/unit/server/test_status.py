@@ -8,7 +8,7 @@ import pytest
 from infer.api import ERROR_REASON_KEY, INVALID_FIELD_KEY, RETRY_AFTER_KEY, ErrorReason, retry_after_s
 from infer.engine import InvalidInput, QueueFullError, Refusal
 from infer.server.budgets import BudgetExceededError
-from infer.server.lifecycle import NotServingError
+from infer.server.lifecycle import RETRY_AFTER_S, NotServingError
 from infer.server.status import REASONS, Status, StatusError, status_of
 
 
@@ -29,7 +29,6 @@ def test_bad_input_is_invalid_argument_with_its_field_and_reason(refusal: Refusa
     [
         (ValueError("not an InvalidInput"), grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_VALUE),
         (QueueFullError("3 requests are waiting"), grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.QUEUE_FULL),
-        (NotServingError("draining"), grpc.StatusCode.UNAVAILABLE, ErrorReason.NOT_SERVING),
         (StatusError(grpc.StatusCode.CANCELLED, "aborted"), grpc.StatusCode.CANCELLED, None),
         (RuntimeError("a bug"), grpc.StatusCode.INTERNAL, None),
     ],
@@ -40,6 +39,17 @@ def test_other_failures_carry_a_reason_only_where_the_code_leaves_one_open(
     status = status_of(error)
     assert (status.code, status.reason) == (code, reason)
     assert status.trailing_metadata == (() if reason is None else ((ERROR_REASON_KEY, reason.value),))
+
+
+def test_not_serving_says_its_reason_and_when_to_try_again() -> None:
+    """While the server loads or drains (the same hint a draining server's refuser gives a new connection)."""
+    status = status_of(NotServingError("not serving: the server is shutting down"))
+    assert (status.code, status.reason, status.retry_after_s) == (
+        grpc.StatusCode.UNAVAILABLE,
+        ErrorReason.NOT_SERVING,
+        RETRY_AFTER_S,
+    )
+    assert retry_after_s(status.trailing_metadata) == RETRY_AFTER_S
 
 
 def test_a_status_without_reason_or_field_sends_no_metadata() -> None:
