@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds,
         "table": table,
         "goals": goals(table),
-        "notes": notes(rounds, table, log_dir),
+        "notes": notes(rounds, table, log_dir, cfg.http_heavy_streams),
     }
     for path in write_report(result, args.out_dir):
         print(f"wrote {path}")
@@ -329,7 +329,7 @@ def workload_text(cfg: Config) -> str:
             "The phases: benchmarks/tenants.py's docstring.")  # fmt: skip
 
 
-def notes(rounds: list[dict[str, Any]], table: dict[str, Any], log_dir: Path) -> list[str]:
+def notes(rounds: list[dict[str, Any]], table: dict[str, Any], log_dir: Path, http_streams: int) -> list[str]:
     out = [f"P99 of {table['alone']['count']} (alone, all servers) or about 20 samples (each server) is near the "
            "maximum: read it as the worst light request.",
            "The priority goal's prefill is the solo TTFT of the probe's shape (128 prompt tokens) on the same server, "
@@ -339,6 +339,10 @@ def notes(rounds: list[dict[str, Any]], table: dict[str, Any], log_dir: Path) ->
            "own requests only.",
            "heavy : light requests: heavy requests completed / light requests sent in the contention phase (the "
            "issue's 10x; `--light-rate` changes the light tenant's rate).",
+           f"Over HTTP the heavy tenant's flood is {http_streams} streams, most of them "
+           "waiting: under priority a heavy request that has waited 100 s (10 levels at the default "
+           "priority_aging_s of 10 s) ranks with a fresh priority -10 probe, so there the probes also wait for "
+           "those (the starvation bound, by design), not only for a free sequence.",
            f"server logs: {log_dir}"]  # fmt: skip
     moves = [
         f"{name}: {', '.join(setup['cpu_threads']) or 'none'}" for r in rounds for name, setup in r["setups"].items()
