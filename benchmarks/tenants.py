@@ -18,9 +18,10 @@ prompt tokens, 16-48 new tokens, greedy, `ignore_eos`, over gRPC `Generate`; the
   of the output tokens produced in the window (from 4 s in, or from when both tenants have had a first token,
   to the stop), against its weight share; total output tok/s against fcfs.
 - contention over HTTP (fcfs, priority, fair 1:1): the contention phase again through the server's OpenAI gateway
-  (streamed /v1/completions, the tenant in the `x-tenant` header, the probes' `priority` in the body), the heavy
-  tenant's flood 128 streams: more than the server's streams per gRPC connection (100), which once queued the flood
-  in the gateway's one connection ahead of the scheduler (issue 38). Its alone and probe-prefill TTFTs are over
+  (streamed /v1/completions, the tenant in the `x-tenant` header, the probes' `priority` in the body). The server
+  runs with `--max-streams-per-connection 24`, fewer than the heavy tenant's 32 streams: a cap that once queued the
+  flood in the gateway's one gRPC connection ahead of the scheduler (issue 38; 200 streams over the default 100).
+  The load generator's gRPC client opens a connection per 24 streams too. Its alone and probe-prefill TTFTs are over
   HTTP too.
 A round runs the setups in order, the next round in reverse order. Writes docs/benchmarks/tenants.json, .md, .png.
 
@@ -55,6 +56,7 @@ from infer.clients.bench.workloads import FIRST_ID, RequestSpec, Workload
 OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 TENANT_HEADER = "x-tenant"
 MAX_SEQS, NUM_BLOCKS, PROMPT_TOKENS, NEW_TOKENS, VOCAB_LIMIT = 16, 512, 128, 32, 32_000
+STREAMS_PER_CONNECTION = 24  # the server's cap on one gRPC connection's streams: below the heavy tenant's 32
 PROBE_PRIORITY, PROBE_TOKENS = -10, 4
 COUNTERS = {  # the phase's figure: the server's Prometheus counter
     "preemptions": "infer_preemptions_total",
@@ -73,7 +75,6 @@ SETUPS: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class Config:
     heavy_streams: int = 32
-    http_heavy_streams: int = 128  # contention over HTTP: more than the server's 100 streams per gRPC connection
     light_streams: int = 16  # shares: the light tenant backlogged too
     light_rate: float = 0.5  # contention: the light tenant's requests/s (Poisson)
     light_requests: int = 20
@@ -126,7 +127,7 @@ class Stoppable:
 
 def grpc(server: Running, tenant: str, priority: int | None = None) -> GrpcTarget:
     assert server.grpc is not None
-    return GrpcTarget(server.grpc, ((TENANT_HEADER, tenant),), priority)
+    return GrpcTarget(server.grpc, ((TENANT_HEADER, tenant),), priority, STREAMS_PER_CONNECTION)
 
 
 _MODELS: dict[str, str] = {}  # a server's model name, by its base URL (asked once, not by every stream)
@@ -163,12 +164,11 @@ async def solo(
 
 
 async def contention(server: Running, cfg: Config, seed: str, door: str = "grpc") -> dict[str, Any]:
-    """`door`: grpc, or http (the flood of cfg.http_heavy_streams through the server's gateway)."""
+    """`door`: grpc, or http (through the server's gateway)."""
     stop, t0 = asyncio.Event(), time.perf_counter()
     heavy_target = Stoppable(target(server, HEAVY, door=door), stop)
     light_target, probe_target = target(server, LIGHT, door=door), target(server, LIGHT, PROBE_PRIORITY, door)
-    streams = cfg.heavy_streams if door == "grpc" else cfg.http_heavy_streams
-    heavy = LoadRun(heavy_target, LoadPlan(concurrency=streams, progress=False), HEAVY)
+    heavy = LoadRun(heavy_target, LoadPlan(concurrency=cfg.heavy_streams, progress=False), HEAVY)
     heavy_task = asyncio.ensure_future(heavy.run(Workload(HEAVY, "", requests(f"{seed}h", 4000))))
     await asyncio.sleep(cfg.settle_s)
     light = LoadRun(light_target, LoadPlan(rate=cfg.light_rate, progress=False), LIGHT)
@@ -216,7 +216,8 @@ def serve(name: str, log_dir: Path, tag: str) -> Iterator[Running]:
     tenants.write_text("".join(f"{t} {w:g}\n" for t, w in (setup["weights"] or {HEAVY: 1, LIGHT: 1}).items()))
     flags = ("--quantization", "int4", "--max-num-seqs", str(MAX_SEQS), "--num-blocks", str(NUM_BLOCKS),
              "--scheduling-policy", setup["policy"], "--tenant-header", TENANT_HEADER,
-             "--tenants", str(tenants), "--http-metrics")  # fmt: skip
+             "--tenants", str(tenants), "--http-metrics",
+             "--max-streams-per-connection", str(STREAMS_PER_CONNECTION))  # fmt: skip
     with infer_server(f"{name.replace(' ', '-').replace(':', '-')}-{tag}", flags, log_dir) as server:
         yield server
 
@@ -308,12 +309,18 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "load_before": load_before,
         "wall_s": time.monotonic() - start,
-        "config": vars(cfg) | {"max_num_seqs": MAX_SEQS, "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS},
+        "config": vars(cfg)
+        | {
+            "max_num_seqs": MAX_SEQS,
+            "prompt_tokens": PROMPT_TOKENS,
+            "new_tokens": NEW_TOKENS,
+            "streams_per_connection": STREAMS_PER_CONNECTION,
+        },
         "workload": workload_text(cfg),
         "rounds": rounds,
         "table": table,
         "goals": goals(table),
-        "notes": notes(rounds, table, log_dir, cfg.http_heavy_streams),
+        "notes": notes(rounds, table, log_dir),
     }
     for path in write_report(result, args.out_dir):
         print(f"wrote {path}")
@@ -324,12 +331,13 @@ def main(argv: list[str] | None = None) -> int:
 def workload_text(cfg: Config) -> str:
     return (f"The default model, int4 weights, `--max-num-seqs {MAX_SEQS}`; every request {PROMPT_TOKENS} random "
             f"prompt tokens and {NEW_TOKENS // 2}-{NEW_TOKENS * 3 // 2} new tokens (greedy, `ignore_eos`) over gRPC "
-            "(and, in the contention phase over HTTP, the gateway's streamed /v1/completions, "
-            f"{cfg.http_heavy_streams} heavy streams); the tenant in the `{TENANT_HEADER}` metadata or header. "
+            "(and, in the contention phase over HTTP, the gateway's streamed /v1/completions), "
+            f"`--max-streams-per-connection {STREAMS_PER_CONNECTION}`; the tenant in the `{TENANT_HEADER}` metadata "
+            "or header. "
             "The phases: benchmarks/tenants.py's docstring.")  # fmt: skip
 
 
-def notes(rounds: list[dict[str, Any]], table: dict[str, Any], log_dir: Path, http_streams: int) -> list[str]:
+def notes(rounds: list[dict[str, Any]], table: dict[str, Any], log_dir: Path) -> list[str]:
     out = [f"P99 of {table['alone']['count']} (alone, all servers) or about 20 samples (each server) is near the "
            "maximum: read it as the worst light request.",
            "The priority goal's prefill is the solo TTFT of the probe's shape (128 prompt tokens) on the same server, "
@@ -339,10 +347,6 @@ def notes(rounds: list[dict[str, Any]], table: dict[str, Any], log_dir: Path, ht
            "own requests only.",
            "heavy : light requests: heavy requests completed / light requests sent in the contention phase (the "
            "issue's 10x; `--light-rate` changes the light tenant's rate).",
-           f"Over HTTP the heavy tenant's flood is {http_streams} streams, most of them "
-           "waiting: under priority a heavy request that has waited 100 s (10 levels at the default "
-           "priority_aging_s of 10 s) ranks with a fresh priority -10 probe, so there the probes also wait for "
-           "those (the starvation bound, by design), not only for a free sequence.",
            f"server logs: {log_dir}"]  # fmt: skip
     moves = [
         f"{name}: {', '.join(setup['cpu_threads']) or 'none'}" for r in rounds for name, setup in r["setups"].items()

@@ -254,8 +254,8 @@ def markdown(result: dict[str, Any]) -> list[str]:
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     lines += contention_rows(table["contention"])
     if table.get(HTTP_PHASE):
-        lines += ["", f"## The same over HTTP ({cfg.get('http_heavy_streams', '?')} heavy streams through the "
-                  "gateway: more than the server's 100 streams per gRPC connection)", "",
+        lines += ["", f"## The same over HTTP ({cfg['heavy_streams']} heavy streams through the gateway, more than "
+                  f"the server's {cfg.get('streams_per_connection', '?')} streams per gRPC connection)", "",
                   "The server's OpenAI gateway, streamed /v1/completions; alone: over HTTP too.", "",
                   "| policy | alone TTFT P50 / P99 | light TTFT P50 | light TTFT P99 | P99 / alone P50 | "
                   "priority -10 TTFT P50 | heavy : light requests | total output tok/s | / fcfs |",

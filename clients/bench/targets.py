@@ -90,9 +90,16 @@ class Target(Protocol):
 class GrpcTarget:
     """`infer.v1.InferenceService/Generate`: one message per step, its token ids counted."""
 
-    def __init__(self, address: str, metadata: Sequence[tuple[str, str]] = (), priority: int | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        metadata: Sequence[tuple[str, str]] = (),
+        priority: int | None = None,
+        max_streams_per_channel: int | None = None,
+    ) -> None:
         self.name = f"grpc://{address}"
-        self.client = AsyncInferClient(address)
+        # `max_streams_per_channel`: the server's streams per connection, past which another opens (AsyncInferClient)
+        self.client = AsyncInferClient(address, max_streams_per_channel=max_streams_per_channel)
         self.metadata, self.priority = tuple(metadata), priority  # sent with every request (e.g. a tenant header)
 
     async def send(self, spec: RequestSpec, result: RequestResult) -> None:

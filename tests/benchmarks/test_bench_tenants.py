@@ -185,12 +185,13 @@ def test_the_http_flood_has_its_own_rows_and_goals(tmp_path: Path, monkeypatch: 
     bad = report.goals(report.summarize(_with_http(_rounds(0.14, (150, 300), 0.15), 284.0, 286.0), tenants.SETUPS))
     assert [g["goal"].split(":")[0] for g in bad if not g["met"]] == ["fair over HTTP", "priority over HTTP"]
     monkeypatch.setattr(report, "plot", lambda result, path: None)
+    config = vars(tenants.Config()) | {"streams_per_connection": tenants.STREAMS_PER_CONNECTION}
     result = {"date": "today", "cpu": "a CPU", "cpus": 2, "load_before": "load average: 0.10", "wall_s": 300.0,
-              "config": vars(tenants.Config()), "workload": "w.", "rounds": [], "table": good,
+              "config": config, "workload": "w.", "rounds": [], "table": good,
               "goals": report.goals(good), "notes": []}  # fmt: skip
     report.write_report(result, tmp_path)
     text = (tmp_path / "tenants.md").read_text()
-    assert "## The same over HTTP (128 heavy streams" in text
+    assert "## The same over HTTP (32 heavy streams through the gateway, more than the server's 24 streams" in text
     assert "| fair 1:1 | 120 ms / 120 ms | 170 ms | 170 ms | 1.42x |" in text
     assert "| 1 (HTTP) | 120 ms |" in text
 
@@ -204,5 +205,7 @@ def test_the_http_targets_carry_the_tenant_header_and_the_priority() -> None:
     assert target.body(RequestSpec((1, 2), 4), "m")["priority"] == -10 and target.url.endswith("/v1/completions")
     heavy = tenants.target(server, HEAVY, door="http")
     assert isinstance(heavy, tenants.OpenAITarget) and "priority" not in heavy.body(RequestSpec((1,), 4), "m")
-    assert isinstance(tenants.target(server, HEAVY), tenants.GrpcTarget)
+    grpc_target = tenants.target(server, HEAVY)
+    assert isinstance(grpc_target, tenants.GrpcTarget)  # a connection per 24 streams, as the server allows
+    assert grpc_target.client.channels.max_calls == tenants.STREAMS_PER_CONNECTION < tenants.Config().heavy_streams
     assert [tenants.door_of(p) for p in tenants.SETUPS["fair 1:1"]["phases"]] == ["grpc", "http", "grpc"]
