@@ -30,7 +30,6 @@ FLOAT_KEYS = (
     "rope.freq_base", "rope.freq_base_swa", "rope.scaling.factor", "attention.layer_norm_rms_epsilon",
     "attn_logit_softcapping", "final_logit_softcapping",
 )  # fmt: skip
-SPECIAL_TOKENS = ("bos", "eos", "eot", "eom", "pad", "unk", "sep", "cls", "mask")
 # `model_check`'s field names -> the key of the file each comes from (`<arch>.` before those without a dot)
 _KEYS = {
     "vocab_size": "token_embd.weight", "hidden_size": "embedding_length",
@@ -95,9 +94,8 @@ def _check_vocab(meta: Mapping[str, Any], rows: int) -> None:
     num_tokens = len(tokens) if isinstance(tokens, list) else rows
     if num_tokens > rows:
         raise GGUFConfigError(f"tokenizer.ggml.tokens: {num_tokens} tokens, but token_embd.weight has only {rows} rows")
-    for kind in SPECIAL_TOKENS:
-        key = f"tokenizer.ggml.{kind}_token_id"
-        value = meta.get(key)
+    for key in (k for k in meta if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")):  # bos, eos, fim_*
+        value = meta[key]
         if value is not None and (type(value) is not int or not 0 <= value < num_tokens):
             raise GGUFConfigError(f"{key}: {_shown(value)} is not one of the {num_tokens} token ids")
 

@@ -114,5 +114,12 @@ def test_a_special_id_past_the_vocabulary_is_refused(tiny: Path, tmp_path: Path,
     _refused(_lie(tiny, tmp_path, f"tokenizer.ggml.{key}_token_id", VOCAB), f"tokenizer.ggml.{key}_token_id: {VOCAB}")
 
 
+@pytest.mark.parametrize("key", ["padding", "fim_pre", "unknown"])
+def test_every_special_id_of_the_file_is_checked(tiny: Path, tmp_path: Path, key: str) -> None:
+    fields = {f"tokenizer.ggml.{key}_token_id": (VOCAB + 7, GGUFValueType.UINT32, None)}
+    path = rewritten(tiny, tmp_path / "special.gguf", fields)
+    _refused(path, f"tokenizer.ggml.{key}_token_id: {VOCAB + 7} is not one of the {VOCAB} token ids")
+
+
 def test_an_output_head_of_other_rows_is_refused(tiny: Path, tmp_path: Path) -> None:
     _refused(_lie(tiny, tmp_path, "output.weight dim 1", VOCAB // 2), "token_embd.weight: tensor 'output.weight'")

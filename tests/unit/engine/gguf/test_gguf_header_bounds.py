@@ -53,8 +53,14 @@ def test_a_vocabulary_longer_than_the_file_names_its_key(tiny: Path, tmp_path: P
     _refused(_lie(tiny, tmp_path, "tokenizer.ggml.tokens count", 2**33), "'tokenizer.ggml.tokens'.*truncated")
 
 
-def test_a_string_longer_than_the_file_names_its_key(tiny: Path, tmp_path: Path) -> None:
-    _refused(_lie(tiny, tmp_path, "tokenizer.ggml.model length", 2**62), "'tokenizer.ggml.model'.*string of")
+@pytest.mark.parametrize("past_the_end", [1, 2**62])
+def test_a_string_longer_than_the_file_names_its_key(tiny: Path, tmp_path: Path, past_the_end: int) -> None:
+    length = tiny.stat().st_size + past_the_end  # NOTE: 1: within MAX_STRING_BYTES, past the file alone
+    _refused(_lie(tiny, tmp_path, "tokenizer.ggml.model length", length), "'tokenizer.ggml.model'.*runs past the end")
+
+
+def test_a_tensor_count_within_the_bounds_but_past_the_file_is_refused(tiny: Path, tmp_path: Path) -> None:
+    _refused(_lie(tiny, tmp_path, "tensor_count", 60_000), "header counts .* need more than")
 
 
 def test_a_key_longer_than_the_file_names_its_place(tiny: Path, tmp_path: Path) -> None:
