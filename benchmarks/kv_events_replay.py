@@ -65,7 +65,7 @@ def attacker(endpoint: str, num_requests: int, num_dealers: int, window_s: float
         for dealer, _ in poller.poll(100):
             while True:
                 try:
-                    frames = dealer.recv_multipart(zmq.NOBLOCK)  # type: ignore[union-attr]
+                    frames = dealer.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
                 if int.from_bytes(frames[2], "big") == END_SEQ:
@@ -83,7 +83,7 @@ def fill(pub: KVEventPublisher, num_batches: int, num_blocks: int) -> None:
         step(pub, i, num_blocks)
         if i % 1000 == 999:
             time.sleep(0.5)  # the publisher thread keeps up: its queue holds 4,096 batches
-    probe = zmq.Context.instance().socket(zmq.DEALER)
+    probe: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     assert pub.replay_endpoint is not None
     probe.connect(pub.replay_endpoint)
     seqs: list[int] = []
@@ -128,18 +128,21 @@ def main() -> None:
     i = args.ring
     while not ready.is_set():  # until the subscription is in
         step(pub, i, args.blocks)
-        i, _ = i + 1, time.sleep(0.05)
+        i += 1
+        time.sleep(0.05)
     load_before, published, dropped_before = os.getloadavg(), dict[int, float](), pub.num_dropped
     cpu_before, started = time.process_time(), time.monotonic()
     att = mp_ctx.Process(target=attacker, args=(pub.replay_endpoint, args.requests, args.dealers, args.window, att_in))
     att.start()
     while att.is_alive() and time.monotonic() - started < args.window + 5:
         published[pub.last_seq + 1] = step(pub, i, args.blocks)
-        i, _ = i + 1, time.sleep(args.step_ms / 1000)
+        i += 1
+        time.sleep(args.step_ms / 1000)
     burst_s, cpu_s = time.monotonic() - started, time.process_time() - cpu_before
     for _ in range(100):  # a second of quiet: the last live batches arrive
         step(pub, i, args.blocks)
-        i, _ = i + 1, time.sleep(0.01)
+        i += 1
+        time.sleep(0.01)
     stop.set()
     arrived, stopped = sub_out.recv(), time.time()  # a batch not arrived: late by at least until now
     delays = [arrived.get(seq, stopped) - ts for seq, ts in published.items()]
