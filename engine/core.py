@@ -257,6 +257,7 @@ class EngineCore:
             prefill_tokens_per_s=c.prefill_throughput.tokens_per_s,
             num_steps=c.num_steps,
             num_kv_events_dropped_total=self.kv_events.num_dropped if self.kv_events is not None else 0,
+            num_kv_replays_refused_total=self.kv_events.num_replays_refused if self.kv_events is not None else 0,
         )
 
     def _run(self, out: SchedulerOutput) -> None:

@@ -448,3 +448,10 @@ def test_events_off_cost_nothing_no_thread_no_socket() -> None:
         core.step()
     assert len(core.block_manager.cached) == 2 and core.stats().num_kv_events_dropped_total == 0
     core.close()
+
+
+def test_the_engines_snapshot_counts_the_refused_replays(core: EngineCore, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert core.kv_events is not None and core.stats().num_kv_replays_refused_total == 0
+    monkeypatch.setattr(type(core.kv_events), "num_replays_refused", property(lambda _: 7))
+    core.step()  # a step publishes the snapshot, with the publisher's count
+    assert core.stats().num_kv_replays_refused_total == 7
