@@ -120,6 +120,12 @@ test-gpu: $(GPU_PREREQ)
 soak: $(DEV_STAMP)
 	$(BIN)/python benchmarks/soak.py
 
+# many tenants: 100,000 requests each from a new tenant (fair policy, token budgets) against infer serve; the
+# server's RSS and infer_tenants_tracked every 10,000, and RSS flat once the tables are full (ARGS to change it)
+.PHONY: soak-tenants
+soak-tenants: $(DEV_STAMP)
+	$(BIN)/python benchmarks/tenants_rss.py $(ARGS)
+
 # property-based fuzzing of both front doors, long (make test runs a short pass); prints what it hit
 fuzz: $(DEV_STAMP)
 	$(BIN)/pytest -q tests/fuzz --hypothesis-profile=fuzz --hypothesis-show-statistics
