@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 REBIND_TIMEOUT_S = 1.0  # how long the refuser waits for grpc to close the server's listener
 
 
-class _RefuseAll(grpc.GenericRpcHandler):
+class _RefuseAll(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no stubs
     """Every method but health's: UNAVAILABLE, NOT_SERVING, the retry hint; nothing of the request is read."""
 
     def service(self, handler_call_details: Any) -> grpc.RpcMethodHandler:
