@@ -19,13 +19,17 @@ from typing import Any
 from infer.engine.gguf.config import GGUFConfigError, architecture, hf_config
 from infer.engine.gguf.weights import FileTensor, GGUFWeightError, hf_name
 from infer.engine.model_check import ModelCheckError, check_tensors
-from infer.engine.model_config import ModelConfig, parse_model_config
+from infer.engine.model_config import SIZE_BOUNDS, ModelConfig, parse_model_config
 
-# `<arch>.` keys: whole numbers (the bound is the parser's, `model_config.SIZE_BOUNDS`) and finite floats
-WHOLE_KEYS = (
-    "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
-    "attention.head_count_kv", "attention.key_length", "attention.value_length", "attention.sliding_window",
-)  # fmt: skip
+# `<arch>.` keys that are whole numbers -> the bound of each (`model_config.SIZE_BOUNDS`: checked here too, before
+# `config.py` builds a list per layer)
+WHOLE_KEYS = {
+    "block_count": "num_hidden_layers", "context_length": "max_position_embeddings",
+    "embedding_length": "hidden_size", "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim", "attention.value_length": "head_dim",
+    "attention.sliding_window": "sliding_window", "attention.sliding_window_pattern": "num_hidden_layers",
+}  # fmt: skip
 FLOAT_KEYS = (
     "rope.freq_base", "rope.freq_base_swa", "rope.scaling.factor", "attention.layer_norm_rms_epsilon",
     "attn_logit_softcapping", "final_logit_softcapping",
@@ -79,10 +83,12 @@ def _checkpoint_name(arch: str, name: str) -> str:
 
 
 def _check_kinds(meta: Mapping[str, Any], arch: str) -> None:
-    for key in (f"{arch}.{k}" for k in WHOLE_KEYS):
-        value = meta.get(key)
-        if value is not None and (type(value) is not int or value < 1):
-            raise GGUFConfigError(f"{key}: {_shown(value)} is not a whole number > 0")
+    for name, field in WHOLE_KEYS.items():
+        key, value, bound = f"{arch}.{name}", meta.get(f"{arch}.{name}"), SIZE_BOUNDS[field]
+        if name.endswith("_pattern") and isinstance(value, list):  # NOTE: a flag per layer: config.py counts them
+            continue
+        if value is not None and (type(value) is not int or not 1 <= value <= bound):
+            raise GGUFConfigError(f"{key}: {_shown(value)} is not a whole number in 1..{bound}")
     for key in (f"{arch}.{k}" for k in FLOAT_KEYS):
         value = meta.get(key)
         if value is not None and (type(value) not in (int, float) or not math.isfinite(value) or value < 0):

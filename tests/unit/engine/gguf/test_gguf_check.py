@@ -123,3 +123,22 @@ def test_every_special_id_of_the_file_is_checked(tiny: Path, tmp_path: Path, key
 
 def test_an_output_head_of_other_rows_is_refused(tiny: Path, tmp_path: Path) -> None:
     _refused(_lie(tiny, tmp_path, "output.weight dim 1", VOCAB // 2), "token_embd.weight: tensor 'output.weight'")
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("check") / "gemma.gguf", "gemma3", num_layers=1)
+
+
+@pytest.mark.parametrize("block_count", [4096 + 1, 4_294_967_295])
+def test_gemmas_block_count_is_bounded_before_its_layer_pattern_is_built(
+    tiny_gemma: Path, tmp_path: Path, block_count: int
+) -> None:
+    # NOTE: a list of a flag per layer was built first: 4e9 ran past the fuzzer's 60 s
+    _refused(_lie(tiny_gemma, tmp_path, "gemma3.block_count", block_count), f"gemma3.block_count: {block_count} is not")
+
+
+def test_gemmas_window_pattern_of_zero_is_named(tiny_gemma: Path, tmp_path: Path) -> None:
+    fields = {"gemma3.attention.sliding_window_pattern": (0, GGUFValueType.UINT32, None)}
+    path = rewritten(tiny_gemma, tmp_path / "pattern.gguf", fields)
+    _refused(path, "gemma3.attention.sliding_window_pattern: 0 is not a whole number")
