@@ -154,6 +154,8 @@ class ChannelPool:
     def __init__(self, address: str, tls: ClientTls | None = None, max_calls: int | None = None) -> None:
         if max_calls is not None and max_calls < 1:
             raise ValueError("max_streams_per_channel: must be >= 1 (or none)")
+        if max_calls is not None and max_calls > 1 and is_multi_address(address):
+            max_calls -= 1  # NOTE: each connection also carries the health Watch stream of client-side checking
         self.address, self.tls, self.max_calls = address, tls, max_calls
         self.lanes: list[Lane] = []
         self._closing: set[asyncio.Task[None]] = set()

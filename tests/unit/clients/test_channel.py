@@ -127,3 +127,4 @@ def test_a_pool_opens_a_channel_when_the_open_ones_carry_their_cap_and_keeps_one
     assert idle == [0] and left == 0  # idle channels closed but one; close() closes that one too
     with pytest.raises(ValueError, match="max_streams_per_channel"):
         ChannelPool("127.0.0.1:1", max_calls=0)
+    assert ChannelPool("dns:///infer:50051", max_calls=100).max_calls == 99  # one stream is health's Watch
