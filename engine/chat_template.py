@@ -34,8 +34,9 @@ from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
-from jinja2.runtime import Context, Namespace
+from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 DEFAULT_TIMEOUT_S = 2.0  # a real template renders in about a millisecond
 DEFAULT_MAX_CHARS = 1 << 22  # when the caller gives no bound (the loader's probe, a tokenizer on its own)
@@ -211,7 +212,7 @@ def _size(value: Any) -> int:
     if isinstance(value, dict):
         return len(value) + sum(_size(k) + _size(v) for k, v in value.items())
     if isinstance(value, Namespace):
-        return _size(value._Namespace__attrs)  # type: ignore[attr-defined]
+        return _size(value._Namespace__attrs)
     return 1
 
 
@@ -353,7 +354,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         _check_binop(operator, left, right)
         return _checked(super().call_binop(context, operator, left, right))
 
-    def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
         args = _check_call(obj, args, kwargs)
         return _checked(super().call(context, obj, *args, **kwargs))
 
