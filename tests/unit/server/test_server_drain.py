@@ -29,7 +29,7 @@ async def _a_new_connection_mid_drain(server: InferenceServer) -> tuple[grpc.Rpc
     stream = client.generate("Hello", Sampling(max_tokens=NUM_TOKENS, temperature=0, ignore_eos=True))
     await anext(stream)
     stop = asyncio.ensure_future(server.stop(grace_s=30))
-X
+    await asyncio.sleep(GOAWAY_DELAY_S + 0.25)  # the GOAWAY is out and grpc's listener closed
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:  # NOTE: no retries: one answer
         with pytest.raises(grpc.RpcError) as refused:
             await pb_grpc.InferenceServiceStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=5)
