@@ -8,8 +8,10 @@ value into a copy of the bytes, the rest of the file unchanged. Little-endian fi
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gguf import GGUFValueType
 
@@ -133,7 +135,7 @@ def slot(path: Path, label: str) -> Slot:
 def rewritten(
     src: Path,
     dst: Path,
-    fields: dict[str, tuple[object, GGUFValueType, GGUFValueType | None]] | None = None,
+    fields: Mapping[str, tuple[Any, GGUFValueType, GGUFValueType | None]] | None = None,
     drop: tuple[str, ...] = (),
 ) -> Path:
     """A copy of the GGUF file `src` at `dst` with `fields` set (key -> value, type, element type of an array),
