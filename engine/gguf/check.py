@@ -56,6 +56,9 @@ def file_key(arch: str, field: str) -> str:
 
 def checked_config(meta: Mapping[str, Any], tensors: Sequence[FileTensor]) -> ModelConfig:
     """The model config of a GGUF file whose metadata is `meta` and tensors `tensors` (see the module doc)."""
+    for key in ("general.architecture", "tokenizer.ggml.model"):
+        if not isinstance(meta.get(key, ""), str):
+            raise GGUFConfigError(f"{key}: {_shown(meta[key])} is not a name")
     arch = architecture(meta)
     _check_kinds(meta, arch)
     embedding = next((t for t in tensors if t.name == "token_embd.weight"), None)
@@ -89,6 +92,9 @@ def _check_kinds(meta: Mapping[str, Any], arch: str) -> None:
             continue
         if value is not None and (type(value) is not int or not 1 <= value <= bound):
             raise GGUFConfigError(f"{key}: {_shown(value)} is not a whole number in 1..{bound}")
+    scaling = meta.get(f"{arch}.rope.scaling.type")
+    if scaling is not None and not isinstance(scaling, str):
+        raise GGUFConfigError(f"{arch}.rope.scaling.type: {_shown(scaling)} is not a name")
     for key in (f"{arch}.{k}" for k in FLOAT_KEYS):
         value = meta.get(key)
         if value is not None and (type(value) not in (int, float) or not math.isfinite(value) or value < 0):

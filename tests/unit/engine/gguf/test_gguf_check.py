@@ -142,3 +142,12 @@ def test_gemmas_window_pattern_of_zero_is_named(tiny_gemma: Path, tmp_path: Path
     fields = {"gemma3.attention.sliding_window_pattern": (0, GGUFValueType.UINT32, None)}
     path = rewritten(tiny_gemma, tmp_path / "pattern.gguf", fields)
     _refused(path, "gemma3.attention.sliding_window_pattern: 0 is not a whole number")
+
+
+@pytest.mark.parametrize("key", ["general.architecture", "llama.rope.scaling.type"])
+def test_a_name_that_is_a_long_list_is_refused_in_a_short_line(tiny: Path, tmp_path: Path, key: str) -> None:
+    fields = {key: (list(range(100_000)), GGUFValueType.ARRAY, GGUFValueType.INT32)}
+    path = rewritten(tiny, tmp_path / "names.gguf", fields)
+    with pytest.raises(ModelLoadError, match=f"{key}: a list of 100000 values is not a name") as err:
+        load_engine(EngineConfig(model=str(path)))
+    assert len(str(err.value)) < 300  # NOTE: was the list's repr, 600 KB in one line
