@@ -6,7 +6,8 @@ Templates: tiny GGUF files of each architecture (`tests/helpers/tiny_gguf.py`, t
 three real files when `make models` has put them in the cache. A case takes a template and either writes new
 numbers into its header (1-3 of: a count, a string's length, a value or element type, a scalar value, a
 dimension, a tensor's type or offset, random bytes, a cut inside the header; `tests/helpers/gguf_layout.py`) or
-rewrites one field (a value of another kind, a key dropped, a vocabulary longer or shorter than the embedding).
+rewrites one field (a value of another kind, a key dropped, a vocabulary longer or shorter than the embedding,
+a chat template of the hostile corpus of `tests/fuzz/templates.py`).
 A real file's case is a sparse copy: its header, then a hole as long as its tensor data (no disk, no copy time).
 
 Each case runs in a child forked from this warm process (torch and infer imported once: ~20 ms a case, not the
@@ -144,7 +145,12 @@ def _rewrite_fields(rng: random.Random, template: Template) -> tuple[dict[str, A
 
     meta = read_gguf_metadata(template.path)
     key = rng.choice(sorted(k for k in meta if k != "general.architecture"))
-    op = rng.choice(("retype", "drop", "vocabulary"))
+    op = rng.choice(("retype", "drop", "vocabulary", "template"))
+    if op == "template":  # NOTE: the other engineer's hostile corpus (tests/fuzz/templates.py), as the file's own
+        from tests.fuzz.templates import HOSTILE
+
+        name = rng.choice(sorted(HOSTILE))
+        return {"tokenizer.chat_template": (HOSTILE[name], GGUFValueType.STRING, None)}, (), f"template {name}"
     if op == "drop":
         return {}, (key,), f"drop {key}"
     if op == "vocabulary":
