@@ -151,13 +151,22 @@ def _check_tensor_shapes(cfg: ModelConfig, files: list[Path], model_dir: Path) -
     for path in files:
         try:
             with safe_open(str(path), framework="pt") as f:
-                shapes += [(name, name, tuple(f.get_slice(name).get_shape())) for name in f.keys()]  # noqa: SIM118
+                names = [n for n in f.keys() if not _is_ignored(cfg, n)]  # noqa: SIM118
+                shapes += [(name, name, tuple(f.get_slice(name).get_shape())) for name in names]
         except Exception as e:  # NOTE: safetensors raises its own SafetensorError for a bad header
             raise ModelLoadError(f"cannot read the tensors of {path}: {e}") from None
     try:
         check_tensors(cfg, shapes)
     except ModelCheckError as e:
         raise ModelLoadError(f"{model_dir / 'config.json'}: {e}") from None
+
+
+def _is_ignored(cfg: ModelConfig, name: str) -> bool:
+    """A checkpoint tensor the loader skips (a vision tower's, a tied LM head): it sizes nothing."""
+    try:
+        return checkpoint_target(cfg, name) is None
+    except ValueError:  # NOTE: one the model does not have: checked (a layer past the count), else refused later
+        return False
 
 
 def _empty_model(cfg: ModelConfig, config: EngineConfig, kernels: str | None) -> CausalLM:

@@ -149,3 +149,13 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_at_load(tmp_path: Path
         ModelLoadError, match=f"tokenizer.json: vocab_size: the tokenizer has {TOKENS} ids, .* {TOKENS - 64} rows"
     ):
         load_engine(EngineConfig(model=str(d), num_blocks=8))
+
+
+def test_a_vision_towers_layers_are_not_the_text_models(model_dir: Path, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    d = Path(shutil.copytree(model_dir, tmp_path / "m"))
+    save_file({"vision_tower.encoder.layers.5.mlp.fc1.weight": torch.zeros(4, 4)}, str(d / "vision.safetensors"))
+    _, _, _, info = load_engine(EngineConfig(model=str(d), num_blocks=8))  # multimodal Gemma 3 checkpoints hold these
+    assert info.vocab_size == TOKENS
