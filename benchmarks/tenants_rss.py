@@ -6,7 +6,8 @@ at once over gRPC; beside them an anchor tenant keeps long requests in the engin
 empties (an empty engine forgets every tenant: the worst case for the tables is a busy one). Every --every
 requests it samples the server's RSS (VmRSS) and its `infer_tenants_tracked` gauges. The verdict: from the
 first sample past the table's limit (--max-tenants; by then every table is full), RSS grows by less than
---tolerance-mib to the end. Prints a table and the verdict; exit 1 when RSS is not bounded.
+--tolerance-mib to the end. Prints a table and the verdict; exit 1 when RSS is not bounded. --one-tenant sends
+the same requests from one tenant: the control, what the requests alone do to RSS.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ async def _flood(args: argparse.Namespace, grpc_port: int, metrics_port: int, pi
     async def worker(stub: pb_grpc.InferenceServiceStub) -> None:
         nonlocal next_id, done
         while next_id < args.requests:
-            tenant, next_id = f"t{next_id}", next_id + 1
+            tenant, next_id = ("t" if args.one_tenant else f"t{next_id}"), next_id + 1
             await _generate(stub, tenant, [rng.randrange(100, 40000) for _ in range(4)], 1)
             done += 1
             if done % args.every == 0:
@@ -145,6 +146,9 @@ def main() -> int:
     parser.add_argument("--max-tenants", type=int, default=10_000, help="the server's --max-tenants")
     parser.add_argument("--tolerance-mib", type=float, default=16.0, help="RSS growth past the limit still bounded")
     parser.add_argument("--out", type=Path, help="also write the samples and the verdict here (JSON)")
+    parser.add_argument(
+        "--one-tenant", action="store_true", help="the control: the same requests from one tenant (what they cost)"
+    )
     args = parser.parse_args()
     grpc_port, metrics_port = _free_port(), _free_port()
     server = _start_server(args, grpc_port, metrics_port)
