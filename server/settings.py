@@ -340,7 +340,8 @@ SETTINGS: tuple[Setting, ...] = (
         "kv_events_replay_endpoint",
         _str_or_off,
         "the KV-cache events replay (ROUTER) socket, for subscribers that join late or miss batches: the last 10,000 "
-        "batches (off = none)",
+        "batches, up to 1,000 an answer (ask again from the next); past 32 answers at once a request gets the end "
+        "marker alone (off = none)",
     ),
     Setting(
         "kv_events_pod_id",
