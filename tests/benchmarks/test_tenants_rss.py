@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
-from tenants_rss import Sample, verdict
+from tenants_rss import Sample, slope_mib_per_10k, verdict
 
 
 def _samples(*rss_mib: float) -> list[Sample]:
@@ -27,3 +27,8 @@ def test_rss_is_judged_from_the_first_sample_with_the_tables_full() -> None:
 def test_too_few_samples_past_the_limit_are_no_verdict() -> None:
     with pytest.raises(ValueError, match="raise --requests"):
         verdict(_samples(1800, 1850), 10_000, 16.0)
+
+
+def test_the_slope_is_per_ten_thousand_tenants() -> None:
+    assert slope_mib_per_10k([(10_000, 100.0), (20_000, 102.0), (30_000, 104.0)]) == 2.0
+    assert slope_mib_per_10k([(10_000, 100.0)]) == 0.0
