@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from infer.engine.async_engine import AsyncEngine
-    from infer.engine.config import DTYPES, QUANTIZATIONS, EngineConfig
+    from infer.engine.config import DEFAULT_MAX_TENANTS, DTYPES, QUANTIZATIONS, EngineConfig
     from infer.engine.default_model import default_model_dir
     from infer.engine.inbox import QueueFullError
     from infer.engine.input_processor import InputLimits, InputProcessor, ProcessedInput, Prompt
@@ -34,6 +34,7 @@ _EXPORTS = {
     "AsyncEngine": "async_engine",
     "CallerOutputs": "output_processor",
     "Constraint": "structured",
+    "DEFAULT_MAX_TENANTS": "config",
     "DTYPES": "config",
     "EngineClient": "interface",
     "EngineConfig": "config",
@@ -67,6 +68,7 @@ _EXPORTS = {
     "default_model_dir": "default_model",
 }
 __all__ = [
+    "DEFAULT_MAX_TENANTS",
     "DEFAULT_TENANT",
     "DTYPES",
     "LLM",

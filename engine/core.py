@@ -258,6 +258,7 @@ class EngineCore:
             num_steps=c.num_steps,
             num_kv_events_dropped_total=self.kv_events.num_dropped if self.kv_events is not None else 0,
             num_kv_replays_refused_total=self.kv_events.num_replays_refused if self.kv_events is not None else 0,
+            num_tenants_tracked=sched.policy.num_tenants if sched.policy is not None else 0,
         )
 
     def _run(self, out: SchedulerOutput) -> None:

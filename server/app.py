@@ -119,7 +119,8 @@ class InferenceServer:
         self.api_keys = keys = ApiKeys.from_settings(cfg.api_key, cfg.api_keys_file)
         interceptors = [ApiKeyInterceptor(keys)] if keys is not None else []
         server = grpc.aio.server(options=grpc_options(cfg), interceptors=interceptors)
-        tenants = Tenants(TenantIdentity(keys, cfg.tenant_header), self.tenants)  # NOTE: with keys, the key decides
+        identity = TenantIdentity(keys, cfg.tenant_header)  # NOTE: with keys, the key decides
+        tenants = Tenants(identity, self.tenants, max_tenants=cfg.engine.max_tenants)
         servicer = InferenceServicer(self.lifecycle, self.telemetry, cfg.limits, tenants=tenants)
         add_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.lifecycle.health, server)

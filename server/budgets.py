@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from infer.engine.config import DEFAULT_MAX_TENANTS
+from infer.engine import DEFAULT_MAX_TENANTS
 
 SECONDS_PER_MINUTE = 60.0
 

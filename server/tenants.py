@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infer.api import API_KEY_METADATA, bearer_key
-from infer.engine import DEFAULT_TENANT, InvalidInput
-from infer.engine.config import DEFAULT_MAX_TENANTS
+from infer.engine import DEFAULT_MAX_TENANTS, DEFAULT_TENANT, InvalidInput
 from infer.server.budgets import TokenBudgets
 from infer.server.security import MAX_TENANT_CHARS, TENANT_NAME, ApiKeys
 

@@ -14,6 +14,7 @@ import torch
 
 from infer.engine.async_engine import AsyncEngine
 from infer.engine.core import EngineCore
+from infer.engine.input_processor import Prompt
 from infer.engine.request import RequestOutput
 from infer.engine.runner import SeqWork
 from infer.engine.sampling_params import SamplingParams
@@ -122,3 +123,12 @@ def test_stats_from_another_thread_while_steps_run_are_whole_states() -> None:
     assert totals == sorted(totals)
     assert core.stats().num_generation_tokens_total == num_requests * GREEDY.max_tokens
     core.block_manager.assert_no_leaks()
+
+
+def test_the_snapshot_counts_the_tenants_the_fair_policy_tracks() -> None:
+    core, _ = fake_core(scheduling_policy="fair")
+    for i in range(3):
+        core.submit(f"r{i}", core.processor.process(Prompt(token_ids=[5, 6]), SamplingParams(max_tokens=4)),
+                    lambda out: None, tenant=f"t{i}")  # fmt: skip
+    core.step()
+    assert core.stats().num_tenants_tracked == 3  # read 0: the snapshot did not carry the policy's count
