@@ -81,7 +81,15 @@ class Case:
         llm.core.block_manager.assert_no_leaks()  # every run ends with every block free
 
 
-@pytest.fixture(scope="module", params=list(PRECISIONS))
+# NOTE: bf16 and int8 run in `make test-slow` (~60 s of make test's budget); fp32 (the default model's precision, and
+# the mutants') and int4 (the GGUF files' 4-bit weights) in make test
+FAST_PRECISIONS = ("fp32", "int4")
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(p, marks=() if p in FAST_PRECISIONS else pytest.mark.slow) for p in PRECISIONS],
+)
 def case(request: pytest.FixtureRequest, default_model_dir: Path) -> Case:
     return Case(default_model_dir, request.param, num_new=16)
 
