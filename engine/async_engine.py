@@ -135,10 +135,10 @@ class AsyncEngine:
                 did_work = core.step()
             except Exception as e:
                 self._step_failed(core, e)
+                self._step_started_s = None
                 core.wait_for_work(STEP_RETRY_S)  # then a step again: one that passes, empty or not, clears it
                 continue
-            finally:
-                self._step_started_s = None
+            self._step_started_s = None
             if self._failing is not None:
                 logger.warning("engine steps pass again after %d failed", self._num_failed_steps)
                 self._failing, self._num_failed_steps = None, 0
