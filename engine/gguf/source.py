@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import mmap
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,9 +70,9 @@ def open_gguf(path: Path) -> GGUFSource:
         meta, infos, data_offset = read_gguf_header(path)
     except ValueError as e:  # the message names the file and the field
         raise GGUFSourceError(str(e)) from None
-    names = [info.name for info in infos]
-    if len(set(names)) != len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
+    counts = Counter(info.name for info in infos)
+    if len(counts) != len(infos):  # NOTE: counted once, not names.count() a name: 65,536 tensors are allowed
+        twice = sorted(name for name, count in counts.items() if count > 1)
         raise GGUFSourceError(f"{path}: tensor {twice[0]!r} comes twice in the file")
     with path.open("rb") as f:
         file_map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

@@ -3,7 +3,9 @@ error naming the field (or tensor) and the file, found before anything of that s
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,25 @@ def test_a_string_that_runs_on_inside_the_file_is_refused_unread(
     finally:
         tracemalloc.stop()
     assert peak < 4 << 20
+
+
+def test_a_tensor_named_twice_among_the_most_a_header_may_hold_is_refused_at_once(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """65,536 tensor entries (the header's bound), one name twice: a search of every name for its twin took 79 s."""
+    names = [f"t{i}" for i in range(65_535)] + ["t7"]
+    infos = [type("Info", (), {"name": name})() for name in names]
+    monkeypatch.setattr(metadata, "read_gguf_header", lambda path: ({}, infos, 0))
+    outcome: list[BaseException] = []
+    worker = threading.Thread(target=lambda: outcome.extend(_raised(lambda: open_gguf(tiny))), daemon=True)
+    worker.start()
+    worker.join(10.0)
+    assert outcome and isinstance(outcome[0], GGUFSourceError) and "'t7' comes twice" in str(outcome[0])
+
+
+def _raised(call: Callable[[], object]) -> list[BaseException]:
+    try:
+        call()
+    except BaseException as e:
+        return [e]
+    return []
