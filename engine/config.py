@@ -78,6 +78,9 @@ class EngineConfig:
     # CPU threads: 0 = as many as other processes leave cores free, up to torch's count (engine/threads.py);
     # N = exactly N
     cpu_threads: int = 0
+    # decode steps replayed from CUDA graphs captured at start (engine/cuda_graphs.py): on CUDA with the Triton
+    # kernels; ignored elsewhere
+    cuda_graphs: bool = True
     kernels: str | None = None  # the kernel backend: auto | torch | cpu | triton; None: INFER_KERNELS, else auto
     # who goes first when not everyone fits (engine/policy.py): fcfs | priority (the request's, aged) | fair
     # (weighted fair share across tenants, priority within one); priority and fair preempt for a waiting request

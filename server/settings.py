@@ -385,6 +385,12 @@ SETTINGS: tuple[Setting, ...] = (
         "process may run on (more is refused at start)",
     ),
     Setting(
+        "cuda_graphs",
+        _bool,
+        "on CUDA with the Triton kernels: capture decode steps in CUDA graphs at start (batch sizes 1, 2, 4, 8, then "
+        "every 8 up to max_num_seqs) and replay them, a batch padded to the next size; ignored elsewhere",
+    ),
+    Setting(
         "kernels",
         str,
         "kernel backend (unset: auto): auto (Triton on CUDA, the compiled CPU kernels where built, else the "
