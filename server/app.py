@@ -72,6 +72,20 @@ def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
     return options
 
 
+def on_available_device(config: EngineConfig) -> EngineConfig:
+    """`config`, on the CPU when it asks for CUDA and torch sees no CUDA device (the CUDA image on a machine, or in a
+    pod, without a GPU), with a warning that says why; else `config` itself."""
+    if torch.device(config.device).type != "cuda" or torch.cuda.is_available():
+        return config
+    why = (
+        "this torch is built without CUDA"
+        if torch.version.cuda is None
+        else f"torch {torch.__version__} finds no CUDA device: no GPU visible here, or no NVIDIA driver"
+    )
+    logger.warning("device %s asked for, but %s: serving on the CPU", config.device, why)
+    return replace(config, device="cpu")
+
+
 class InferenceServer:
     def __init__(self, config: ServerConfig, span_exporter: SpanExporter | None = None) -> None:
         self.config = config
@@ -190,7 +204,7 @@ class InferenceServer:
         `engine`: serve this one instead of loading `config.engine` (tests serve a fake engine this way).
         """
         if engine is None:
-            engine = await asyncio.to_thread(AsyncEngine.from_config, self.engine_config)
+            engine = await asyncio.to_thread(AsyncEngine.from_config, on_available_device(self.engine_config))
         if self.config.warmup:
             try:
                 await engine.warmup()

@@ -8,15 +8,18 @@ import os
 import signal
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 
 import grpc
 import pytest
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from infer.api import pb, pb_grpc
+from infer.engine import EngineConfig
 from infer.engine.async_engine import AsyncEngine, WarmupError
 from infer.server import app
-from infer.server.app import InferenceServer, grpc_options, serve
+from infer.server.app import InferenceServer, grpc_options, on_available_device, serve
 from infer.server.settings import ServerConfig
 from tests.helpers.fake_engine import FakeRunner, fake_core
 
@@ -121,3 +124,42 @@ def test_serve_turns_the_collector_back_on_once_serving(monkeypatch: pytest.Monk
         gc.enable()
         gc.unfreeze()
     assert seen == [(True, True, True)]
+
+
+def test_a_cuda_device_that_torch_does_not_see_loads_the_engine_on_the_cpu(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The CUDA image sets INFER_DEVICE=cuda: on a machine without a GPU it serves on the CPU and says why."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    loaded: list[EngineConfig] = []
+
+    def from_config(config: EngineConfig) -> AsyncEngine:
+        loaded.append(config)
+        return _failing_engine(lambda runner: None)
+
+    monkeypatch.setattr(app.AsyncEngine, "from_config", from_config)
+
+    async def main() -> None:
+        config = _config()
+        server = InferenceServer(replace(config, engine=replace(config.engine, device="cuda")))
+        await server.start()
+        try:
+            await server.load()
+        finally:
+            await server.stop(grace_s=0)
+
+    asyncio.run(main())
+    assert [config.device for config in loaded] == ["cpu"]
+    assert "device cuda asked for, but " in caplog.text and ": serving on the CPU" in caplog.text
+
+
+@pytest.mark.parametrize(("device", "cuda_seen"), [("cpu", False), ("cpu", True), ("cuda", True), ("cuda:1", True)])
+def test_a_device_torch_can_use_is_kept(monkeypatch: pytest.MonkeyPatch, device: str, cuda_seen: bool) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_seen)
+    config = EngineConfig(device=device)
+    assert on_available_device(config) is config
+
+
+def test_cuda_1_without_a_cuda_device_is_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert on_available_device(EngineConfig(device="cuda:1")).device == "cpu"
