@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from infer.engine.async_engine import AsyncEngine
-    from infer.engine.config import DEFAULT_MAX_TENANTS, DTYPES, QUANTIZATIONS, EngineConfig
+    from infer.engine.config import DEFAULT_MAX_TENANTS, DTYPES, QUANTIZATIONS, SCHEDULING_POLICIES, EngineConfig
     from infer.engine.default_model import default_model_dir
     from infer.engine.inbox import QueueFullError
     from infer.engine.input_processor import InputLimits, InputProcessor, ProcessedInput, Prompt
@@ -49,6 +49,7 @@ _EXPORTS = {
     "ProcessedInput": "input_processor",
     "Prompt": "input_processor",
     "QUANTIZATIONS": "config",
+    "SCHEDULING_POLICIES": "config",
     "QueueFullError": "inbox",
     "Refusal": "validation",
     "RequestOutput": "request",
@@ -73,6 +74,7 @@ __all__ = [
     "DTYPES",
     "LLM",
     "QUANTIZATIONS",
+    "SCHEDULING_POLICIES",
     "AsyncEngine",
     "CallerOutputs",
     "Constraint",

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 
 from infer.engine.chat_template import DEFAULT_TIMEOUT_S
+from infer.engine.policies import POLICIES
 from infer.engine.speculative import MAX_SPECULATIVE_TOKENS
 from infer.engine.structured import DEFAULT_COMPILE_BUDGET_S, DEFAULT_MAX_PENDING_GRAMMARS
 from infer.engine.validation import check
@@ -36,7 +37,7 @@ class Quantization:
         return cls(method, _LM_HEAD_METHOD.get(method, method))
 
 
-SCHEDULING_POLICIES = ("fcfs", "priority", "fair")
+SCHEDULING_POLICIES = POLICIES  # name -> class (engine/policies/): the names scheduling_policy takes
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -82,7 +83,7 @@ class EngineConfig:
     # kernels; ignored elsewhere
     cuda_graphs: bool = True
     kernels: str | None = None  # the kernel backend: auto | torch | cpu | triton; None: INFER_KERNELS, else auto
-    # who goes first when not everyone fits (engine/policy.py): fcfs | priority (the request's, aged) | fair
+    # who goes first when not everyone fits (engine/policies/): fcfs | priority (the request's, aged) | fair
     # (weighted fair share across tenants, priority within one); priority and fair preempt for a waiting request
     scheduling_policy: str = "fcfs"
     priority_aging_s: float = 10.0  # seconds of waiting worth one priority level (the starvation bound's unit)
@@ -133,7 +134,8 @@ class EngineConfig:
         object.__setattr__(self, "tenant_weights", tuple((str(t), float(w)) for t, w in pairs))
         policy = self.scheduling_policy
         check("scheduling_policy", policy in SCHEDULING_POLICIES, f"must be one of {', '.join(SCHEDULING_POLICIES)}")
-        check("scheduling_policy", policy == "fcfs" or self.batching == "continuous", "needs batching=continuous")
+        is_ok = SCHEDULING_POLICIES[policy].allows_static_batching or self.batching == "continuous"
+        check("scheduling_policy", is_ok, "needs batching=continuous")
         check("priority_aging_s", self.priority_aging_s > 0, "must be > 0")
         check("max_tenants", self.max_tenants >= 1, "must be >= 1")
         names = [t for t, _ in self.tenant_weights]

@@ -7,12 +7,11 @@ progress, then waiting requests. When a running request cannot get a
 block, a running request is preempted and later recomputed. The output is
 plain data; the scheduler never touches tensors.
 
-Under `fcfs` (the default) waiting requests are admitted in arrival order
-and the most recently admitted running request is the one preempted. Under
-`priority` and `fair` a `Policy` (engine/policy.py) orders the admissions,
-picks the running request that yields (the least deserving), and lets a more
-deserving waiting request preempt it when there is no room (sequences or KV
-blocks); the fcfs path never consults it.
+Who goes first is the policy's choice (`SchedulingPolicy`, engine/policies/,
+the one the config names): it orders the admissions, picks the running
+request preempted when blocks run out, and names the running request, if
+any, that yields to a waiting one with no room (sequences or KV blocks). The
+scheduler tells it what it served. It holds no policy of its own.
 
 The scheduler is the one owner of request state: `requests` is the table,
 and the waiting and running queues are ordered ids into it. A request enters
@@ -24,12 +23,13 @@ published snapshot, never these.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
-from infer.engine.policy import Policy
+from infer.engine.policies import SchedulingPolicy, make_policy
 from infer.engine.request import Request, RequestStatus
 
 R = TypeVar("R", bound=Request)  # what the table holds: the core hangs its own companions on a request
@@ -75,7 +75,7 @@ class Scheduler(Generic[R]):
         self._waiting: deque[str] = deque()  # FCFS; a preempted request goes back first
         self._running: dict[str, None] = {}  # admission order: the last is preempted first (fcfs)
         self._unready: dict[str, None] = {}  # waiting ids whose grammar had not compiled when last looked at
-        self.policy = Policy(config) if config.scheduling_policy != "fcfs" else None
+        self.policy: SchedulingPolicy = make_policy(config)
 
     # views of the table
     @property
@@ -119,8 +119,7 @@ class Scheduler(Generic[R]):
         self._waiting.append(request.request_id)
         if not request.is_ready:
             self._unready[request.request_id] = None
-        if self.policy is not None:
-            self.policy.enter(request)
+        self.policy.enter(request)
 
     def finish(self, request_id: str) -> R:
         """Remove a request (finished or aborted) from the table and free its blocks."""
@@ -134,8 +133,7 @@ class Scheduler(Generic[R]):
         elif request.status is RequestStatus.WAITING:
             self._waiting.remove(request_id)
         request.status = RequestStatus.FINISHED
-        if self.policy is not None:
-            self.policy.leave(request)
+        self.policy.leave(request)
         return request
 
     # the step
@@ -143,10 +141,7 @@ class Scheduler(Generic[R]):
         step = _Step(self.config.max_num_batched_tokens)
         self._schedule_running(step)
         if not step.preempted and self._may_admit(now_s):
-            if self.policy is None:
-                self._schedule_waiting(step, now_s)
-            else:
-                self._schedule_waiting_by_policy(self.policy, step, now_s)
+            self._schedule_waiting(step, now_s)
         out = SchedulerOutput(step.scheduled, tuple(step.preempted), step.drafts)
         assert out.total_tokens <= self.config.max_num_batched_tokens
         assert len(out.num_scheduled_tokens) <= self.config.max_num_seqs
@@ -161,10 +156,7 @@ class Scheduler(Generic[R]):
         for request_id, token_ids in sampled.items():
             if request_id in self.requests:
                 self.requests[request_id].output_token_ids.extend(token_ids)
-        if self.policy is not None:
-            for request_id, token_ids in sampled.items():
-                if request_id in self.requests:
-                    self.policy.charge(self.requests[request_id], len(token_ids))  # output tokens served
+                self.policy.charge(self.requests[request_id], len(token_ids))  # output tokens served
         for request_id, num_tokens in output.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
@@ -198,7 +190,7 @@ class Scheduler(Generic[R]):
         if num_drafts and not self.blocks.can_append(request.request_id, request.num_computed_tokens + num_tokens):
             num_tokens, num_drafts = num_tokens - num_drafts, 0  # drafts never preempt anyone
         while not self.blocks.can_append(request.request_id, request.num_computed_tokens + num_tokens):
-            victim = self._victim()
+            victim = self.policy.victim(self.running)
             self._preempt(victim, step)
             if victim is request:
                 return
@@ -207,12 +199,6 @@ class Scheduler(Generic[R]):
         step.budget_tokens -= num_tokens
         if num_drafts:
             step.drafts[request.request_id] = tuple(drafts[:num_drafts])
-
-    def _victim(self) -> R:
-        """The running request that yields: the last admitted (fcfs), else the policy's least deserving."""
-        if self.policy is None:
-            return self.requests[next(reversed(self._running))]
-        return self.policy.victim(self.running)
 
     def _preempt(self, request: R, step: _Step) -> None:
         # free everything; the request recomputes prompt + output later, first in line
@@ -238,29 +224,16 @@ class Scheduler(Generic[R]):
         return full or now_s - first.arrival_time_s >= self.config.static_batch_wait_s
 
     def _schedule_waiting(self, step: _Step, now_s: float) -> None:
-        is_static = self.config.batching == "static"
-        i = 0  # NOTE: by index, not over a copy of the queue: a step looks at its head, not at all of it
-        while i < len(self._waiting):
-            if len(self._running) >= self.config.max_num_seqs or (step.budget_tokens == 0 and not is_static):
-                break
-            request = self.requests[self._waiting[i]]
-            if not request.is_ready:
-                i += 1
-                continue  # its grammar is compiling: the requests behind it do not wait for that
-            admission = self._can_admit(request, step.budget_tokens)
-            if admission is None:
-                break  # FCFS: nobody overtakes the head of the queue
-            self._admit(request, admission, step, now_s)  # takes it out of the queue: i is the next one
-
-    def _schedule_waiting_by_policy(self, policy: Policy, step: _Step, now_s: float) -> None:
-        # the most deserving first; with no room (sequences, blocks) it preempts the least deserving running
-        # request if that one is less deserving; a request that waits for budget only waits for the next step
-        for request in policy.admission_order([r for r in self.waiting if r.is_ready]):
-            admission = self._plan(request, step.budget_tokens) if step.budget_tokens else None
+        # in the policy's order; with no room (sequences, blocks) the running request the policy names yields,
+        # until the request fits; one that cannot be admitted ends the admissions (nobody overtakes it), and one
+        # that waits for budget only waits for the next step
+        is_static = self.config.batching == "static"  # the whole batch at once, past the step's budget
+        for request in self.policy.admission_order(self._ready_waiting()):
+            admission = self._plan(request, step.budget_tokens) if step.budget_tokens or is_static else None
             while admission is not None and not self._has_room(admission):
-                victim = policy.victim_for(request, self.running)
+                victim = self.policy.victim_for(request, self.running)
                 if victim is None:
-                    return  # nobody overtakes the most deserving request
+                    return
                 self._preempt(victim, step)
                 admission = self._plan(request, step.budget_tokens)
             if admission is None:
@@ -268,19 +241,17 @@ class Scheduler(Generic[R]):
             is_new = request.first_scheduled_s is None
             self._admit(request, admission, step, now_s)
             if is_new:
-                policy.charge(request, request.num_prompt_tokens)  # prompt tokens served, once
+                self.policy.charge(request, request.num_prompt_tokens)  # prompt tokens served, once
+
+    def _ready_waiting(self) -> Iterator[R]:
+        """The waiting requests whose grammar (if any) is ready, in queue order, looked up as they are taken."""
+        # NOTE: over a copy of the ids: admissions and preemptions change the queue while the policy takes them
+        return (self.requests[rid] for rid in list(self._waiting) if self.requests[rid].is_ready)
 
     def _has_room(self, admission: _Admission) -> bool:
         return len(self._running) < self.config.max_num_seqs and self.blocks.can_allocate(
             admission.cached_blocks, admission.num_reserved_tokens
         )
-
-    def _can_admit(self, request: R, budget_tokens: int) -> _Admission | None:
-        """What admitting `request` now takes, or None when the budget or the free blocks do not allow it."""
-        admission = self._plan(request, budget_tokens)
-        if admission is None or not self.blocks.can_allocate(admission.cached_blocks, admission.num_reserved_tokens):
-            return None
-        return admission
 
     def _plan(self, request: R, budget_tokens: int) -> _Admission | None:
         """What admitting `request` would take, or None when the budget does not allow it (blocks unchecked)."""

@@ -13,7 +13,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from infer.api import DEFAULT_GRPC_PORT
-from infer.engine import DTYPES, QUANTIZATIONS, EngineConfig, check
+from infer.engine import DTYPES, QUANTIZATIONS, SCHEDULING_POLICIES, EngineConfig, check
 from infer.kernels import BACKENDS
 from infer.server.gateway.origins import parse_origins
 from infer.server.limits import RequestLimits
@@ -403,7 +403,7 @@ SETTINGS: tuple[Setting, ...] = (
         "who goes first when not everyone fits: fcfs (arrival order), priority (the request's priority, lower is "
         "sooner, aged by priority_aging_s), fair (weighted fair share of tokens across tenants, priority within "
         "one); priority and fair preempt a less deserving running request for a waiting one (docs/architecture.md)",
-        choices=("fcfs", "priority", "fair"),  # EngineConfig checks the same names
+        choices=tuple(SCHEDULING_POLICIES),  # the policies' table (engine/policies/), which EngineConfig checks
     ),
     Setting(
         "priority_aging_s",

@@ -3,20 +3,26 @@ deserving request, its place and its tokens kept, the aging bound, and the tenan
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import torch
 
+from infer.engine import scheduler
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore
 from infer.engine.input_processor import Prompt
+from infer.engine.policies import POLICIES, Fair, Fcfs, SchedulingPolicy
+from infer.engine.policies.base import R
 from infer.engine.request import FinishReason, Request, RequestOutput, RequestStatus
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
+from infer.engine.validation import InvalidInput
 from tests.helpers.fake_engine import TEXT, FakeRunner, fake_core
 
 
@@ -41,9 +47,9 @@ def step(s: Scheduler, now: float = 0.0) -> SchedulerOutput:
     return out
 
 
-def test_fcfs_has_no_policy_and_ignores_priority() -> None:
+def test_fcfs_is_the_default_policy_and_ignores_priority() -> None:
     s = make(max_num_seqs=1)
-    assert s.policy is None
+    assert isinstance(s.policy, Fcfs)
     add(s, "first", 4, priority=5)
     add(s, "urgent", 4, now=1.0, priority=-5)
     assert list(step(s, 1.0).num_scheduled_tokens) == ["first"]
@@ -96,7 +102,7 @@ def test_fair_preempts_the_tenant_most_ahead_for_one_behind() -> None:
     step(s)
     step(s)  # a: 80 prompt tokens charged, 4 output
     policy = s.policy
-    assert policy is not None
+    assert isinstance(policy, Fair)
     add(s, "b1", 4, now=1.0, tenant="b")  # b starts at a's counter (the virtual time): owed nothing, behind by 0
     for _ in range(6):
         assert not step(s, 1.0).preempted  # a's two decodes put it 2 tokens a step ahead: less than b1's worth
@@ -110,6 +116,49 @@ def test_fair_preempts_the_tenant_most_ahead_for_one_behind() -> None:
     policy.counters["b"] -= 1  # 12 short: b2 served in full leaves b no further ahead than a
     out = step(s, 2.0)
     assert out.preempted == ("a2",) and "b2" in out.num_scheduled_tokens
+
+
+class ShortestFirst(SchedulingPolicy):
+    """A policy made up for the test: the shortest prompt first, and a longer running request yields to it."""
+
+    def admission_order(self, waiting: Iterable[R]) -> Iterator[R]:
+        return iter(sorted(waiting, key=lambda r: r.num_prompt_tokens))
+
+    def victim(self, running: Sequence[R]) -> R:
+        return max(reversed(running), key=lambda r: r.num_prompt_tokens)
+
+    def victim_for(self, waiting: Request, running: Sequence[R]) -> R | None:
+        longest = self.victim(running)
+        return longest if longest.num_prompt_tokens > waiting.num_prompt_tokens else None
+
+
+def test_a_new_policy_is_a_class_named_in_the_table_and_it_drives_the_scheduler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(InvalidInput, match="scheduling_policy"):
+        make(scheduling_policy="shortest")  # not in the table: refused
+    monkeypatch.setitem(POLICIES, "shortest", ShortestFirst)
+    s = make(max_num_seqs=2, scheduling_policy="shortest")
+    for rid, n in (("long", 12), ("mid", 8), ("short", 4)):
+        add(s, rid, n)
+    assert list(step(s).num_scheduled_tokens) == ["short", "mid"]  # its order, not the queue's
+    add(s, "tiny", 2, now=1.0)
+    out = step(s, 1.0)
+    assert out.preempted == ("mid",) and "tiny" in out.num_scheduled_tokens  # its choice of who yields
+    s.finish("tiny")
+    s.finish("short")
+    assert set(step(s, 2.0).num_scheduled_tokens) == {"mid", "long"}
+    assert s.requests["mid"].num_computed_tokens == 9  # back with its prompt and its token (from the prefix cache)
+    for rid in list(s.requests):
+        s.finish(rid)
+    s.blocks.assert_no_leaks()
+
+
+def test_the_scheduler_names_no_policy() -> None:
+    source = inspect.getsource(scheduler)
+    named = [word for word in ('"fcfs"', '"priority"', '"fair"', "scheduling_policy", "is_fair", "isinstance")
+             if word in source]  # fmt: skip
+    assert named == [], "a policy's choice belongs in its class (engine/policies/), not in the scheduler"
 
 
 # the engine core on the fake runner

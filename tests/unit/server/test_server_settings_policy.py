@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from infer.server.settings import ServerConfig, add_settings, config_from_args
+from infer.engine import SCHEDULING_POLICIES
+from infer.server.settings import SETTINGS, ServerConfig, add_settings, config_from_args
 
 
 def parse(argv: list[str], environ: dict[str, str] | None = None) -> ServerConfig:
@@ -31,3 +32,8 @@ def test_bad_scheduling_settings_are_refused() -> None:
         parse(["--tenant-weights", "gold"])
     with pytest.raises(ValueError, match="tenant_weights"):
         parse(["--tenant-weights", "gold=0"])
+
+
+def test_the_policy_setting_offers_the_names_of_the_engines_table() -> None:
+    choices = next(s.choices for s in SETTINGS if s.name == "scheduling_policy")
+    assert choices == tuple(SCHEDULING_POLICIES) == ("fcfs", "priority", "fair")

@@ -1,4 +1,4 @@
-"""The priority and fair policies alone: standing and aging, the tenants' counters, who yields to whom."""
+"""The fair policy alone: the tenants' counters, the virtual time, the bounded table, who yields to whom."""
 
 from __future__ import annotations
 
@@ -6,34 +6,20 @@ import time
 from collections import Counter
 from typing import Any
 
-import pytest
-
 from infer.engine.config import EngineConfig
-from infer.engine.policy import MIN_PRIORITY, Policy
+from infer.engine.policies import Fair
 from infer.engine.request import DEFAULT_TENANT, Request
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.validation import InvalidInput
 
 
-def policy(name: str = "fair", **settings: Any) -> Policy:
-    return Policy(EngineConfig(scheduling_policy=name, max_model_len=64, **settings))
+def policy(**settings: Any) -> Fair:
+    return Fair(EngineConfig(scheduling_policy="fair", max_model_len=64, **settings))
 
 
 def req(rid: str, tenant: str = DEFAULT_TENANT, priority: int = 0, arrival_s: float = 0.0) -> Request:
     r = Request(rid, [1, 2, 3], SamplingParams(priority=priority), arrival_s)
     r.tenant = tenant
     return r
-
-
-def test_standing_is_arrival_plus_priority_levels_of_aging() -> None:
-    p = policy("priority", priority_aging_s=10.0)
-    early_low, late_high = req("a", priority=2, arrival_s=0.0), req("b", priority=0, arrival_s=15.0)
-    assert p.standing(early_low) == 20.0 and p.standing(late_high) == 15.0
-    assert [r.request_id for r in p.admission_order([early_low, late_high])] == ["b", "a"]
-    # the aging bound: nothing arriving more than (2 - MIN_PRIORITY) * 10 s after `a` outranks it
-    newcomer = req("c", priority=MIN_PRIORITY, arrival_s=(2 - MIN_PRIORITY) * 10.0 + 0.001)
-    assert p.standing(newcomer) > p.standing(early_low)
-    assert not p.may_preempt(newcomer, early_low, Counter()) and p.may_preempt(late_high, early_low, Counter())
 
 
 def test_fair_serves_the_tenant_with_the_least_weighted_service() -> None:
@@ -151,21 +137,3 @@ def test_cross_tenant_preemption_needs_a_lead_of_the_waiting_requests_worth_and_
     assert not p.may_preempt(waiting, running, Counter({"a": 2, "b": 2}))  # b holds its share: no churn
     assert not p.may_preempt(waiting, running, Counter({"a": 2, "b": 1}))  # a is not above its share
     assert p.may_preempt(same, running, seats)  # within a tenant, by standing
-
-
-def test_priority_is_bounded_and_the_scheduling_settings_checked() -> None:
-    with pytest.raises(InvalidInput, match="priority"):
-        SamplingParams(priority=21)
-    with pytest.raises(InvalidInput, match="priority"):
-        SamplingParams(priority=1.5)  # type: ignore[arg-type]
-    with pytest.raises(InvalidInput, match="scheduling_policy"):
-        EngineConfig(scheduling_policy="lottery")
-    with pytest.raises(InvalidInput, match="scheduling_policy"):
-        EngineConfig(scheduling_policy="fair", batching="static")
-    with pytest.raises(InvalidInput, match="tenant_weights"):
-        EngineConfig(tenant_weights=(("a", 0.0),))
-    with pytest.raises(InvalidInput, match="tenant_weights"):
-        EngineConfig(tenant_weights=(("a", 1.0), ("a", 2.0)))
-    with pytest.raises(InvalidInput, match="priority_aging_s"):
-        EngineConfig(priority_aging_s=0)
-    assert EngineConfig(tenant_weights={"a": 2}).tenant_weights == (("a", 2.0),)  # a mapping is taken too
