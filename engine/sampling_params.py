@@ -13,7 +13,7 @@ from infer.engine.validation import check
 # to these minimums (docs/api.md), which sample as good as greedily.
 MIN_TEMPERATURE = 0.01
 MIN_REPETITION_PENALTY = 0.01
-# scheduling priority, lower is sooner (vLLM's sense; the `priority` and `fair` policies read it: engine/policy.py)
+# scheduling priority, lower is sooner (vLLM's sense; the `priority` and `fair` policies read it: engine/policies/)
 MIN_PRIORITY, MAX_PRIORITY = -20, 20
 
 

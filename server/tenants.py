@@ -11,7 +11,8 @@ with `#` starts a comment, blank lines are skipped. `weight` (> 0) is the tenant
 budget. A tenant the file does not name weighs 1 and has the default budget.
 
 What the server keeps per tenant is bounded by `max_tenants` (`--max-tenants`): the token buckets here
-(budgets.py), and the fair policy's counters in the engine (engine/policy.py); idle tenants are forgotten past it.
+(budgets.py), and the fair policy's counters in the engine (engine/policies/fair.py); idle tenants are forgotten past
+it.
 """
 
 from __future__ import annotations
