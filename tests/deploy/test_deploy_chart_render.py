@@ -233,6 +233,25 @@ def test_gpus_only_where_asked(rendered: dict[str, list[Manifest]], case: str) -
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_gpu_scheduling_only_for_the_model_servers(rendered: dict[str, list[Manifest]], case: str) -> None:
+    """The server pods take the values' runtime class, node selector and tolerations; the pods that need no GPU (the
+    separate gateways, the helm test) take none of them, nor a GPU."""
+    values, manifests = chart_values(case), rendered[case]
+    server = pod_spec(one(manifests, "Deployment", SERVER))
+    assert server.get("runtimeClassName", "") == values["runtimeClassName"]
+    assert server.get("nodeSelector", {}) == values["nodeSelector"]
+    assert server.get("tolerations", []) == values["tolerations"]
+    others = [
+        m for m in of_kind(manifests, "Deployment") + of_kind(manifests, "Pod") if m["metadata"]["name"] != SERVER
+    ]
+    assert others, "the helm test pod at least"
+    for manifest in others:
+        assert not {"runtimeClassName", "nodeSelector", "tolerations"} & set(pod_spec(manifest))
+        for container in containers(manifest):
+            assert "nvidia.com/gpu" not in str(container.get("resources", {})), manifest["metadata"]["name"]
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_autoscaling(rendered: dict[str, list[Manifest]], case: str) -> None:
     manifests, values = rendered[case], chart_values(case)
     autoscaling = values["autoscaling"]

@@ -111,6 +111,9 @@ def test_kernels_takes_every_backend_the_server_knows() -> None:
         ("config.max_num_sqs=4", "Additional property max_num_sqs is not allowed"),
         ("config.dtype=fp8", "config.dtype must be one of"),
         ("gpu.count=-1", "gpu.count: Must be greater than or equal to 0"),
+        ("gpu.count=1.5", "gpu.count: Invalid type. Expected: integer"),
+        # a RuntimeClass is named like any object: a pod that names another one is refused at admission
+        ("runtimeClassName=NVIDIA_GPU", "runtimeClassName: Does not match pattern"),
         ("ports.grpc=70000", "ports.grpc: Must be less than or equal to 65535"),
         ("model.source=s3", "model.source must be one of"),
         # quantities, as Kubernetes would refuse them (at install time, after the chart had accepted them)
