@@ -256,9 +256,10 @@ class EngineCore:
             num_queued=sched.num_never_scheduled,
             prefill_tokens_per_s=c.prefill_throughput.tokens_per_s,
             num_steps=c.num_steps,
+            step_s_total=c.step_s_total,
             num_kv_events_dropped_total=self.kv_events.num_dropped if self.kv_events is not None else 0,
             num_kv_replays_refused_total=self.kv_events.num_replays_refused if self.kv_events is not None else 0,
-            num_tenants_tracked=sched.policy.num_tenants if sched.policy is not None else 0,
+            num_tenants_tracked=sched.policy.num_tenants,
         )
 
     def _run(self, out: SchedulerOutput) -> None:

@@ -22,6 +22,7 @@ class EngineStats:
     num_queued: int = 0  # of the waiting requests, those never scheduled (what max_waiting_requests bounds)
     prefill_tokens_per_s: float = 0.0  # recent prompt throughput of steps busy with prefill (0 until one ran)
     num_steps: int = 0  # forward passes so far
+    step_s_total: float = 0.0  # the steps' time: forward, sampling and the scheduler's update (busy, not idle)
     num_draft_tokens_total: int = 0  # speculative drafts verified
     num_accepted_tokens_total: int = 0  # of which accepted
     num_grammars_pending: int = 0  # grammar compiles queued or running (what max_pending_grammars bounds)
@@ -80,11 +81,13 @@ class StepCounters:
         self.prefill_throughput = ThroughputMeter()  # prompt tokens, over steps busy with prefill
         self.min_prefill_tokens = max_num_batched_tokens // 4  # a step "busy with prefill" computes this many
         self.num_steps = self.num_preemptions_total = 0
+        self.step_s_total = 0.0
         self.num_prompt_tokens_total = self.num_generation_tokens_total = self.num_cached_tokens_total = 0
         self.num_draft_tokens_total = self.num_accepted_tokens_total = 0
 
     def record(self, step: StepRecord) -> None:
         self.num_steps += 1
+        self.step_s_total += step.elapsed_s
         self.throughput.record(step.num_tokens, step.elapsed_s)
         if step.num_prompt_tokens >= self.min_prefill_tokens:
             self.prefill_throughput.record(step.num_prompt_tokens, step.elapsed_s)

@@ -197,6 +197,8 @@ class Telemetry:
             "infer.generation_tokens": ("{token}", "tokens generated", "num_generation_tokens_total"),
             "infer.prefix_cache_hit_tokens": ("{token}", "prefix-cache hits", "num_cached_tokens_total"),
             "infer.preemptions": ("{preemption}", "requests preempted: KV or policy", "num_preemptions_total"),
+            "infer.steps": ("{step}", "engine steps (forward passes)", "num_steps"),
+            "infer.step_time": ("s", "engine steps' time (busy, not idle)", "step_s_total"),
             "infer.spec_decode.draft_tokens": ("{token}", "speculative drafts verified", "num_draft_tokens_total"),
             "infer.spec_decode.accepted_tokens": ("{token}", "speculative drafts kept", "num_accepted_tokens_total"),
             "infer.grammar.compiles": ("{compile}", "grammar compiles run", "num_grammars_compiled_total"),

@@ -7,6 +7,7 @@ threads while the core steps on its own; each read must be one whole published s
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -132,3 +133,15 @@ def test_the_snapshot_counts_the_tenants_the_fair_policy_tracks() -> None:
                     lambda out: None, tenant=f"t{i}")  # fmt: skip
     core.step()
     assert core.stats().num_tenants_tracked == 3  # read 0: the snapshot did not carry the policy's count
+
+
+def test_the_snapshot_counts_the_steps_and_their_busy_time() -> None:
+    core, _ = fake_core()
+    core.submit("r", core.processor.process(Prompt(token_ids=[5, 6]), SamplingParams(max_tokens=4)), lambda out: None)
+    started_s = time.monotonic()
+    while core.has_work:
+        core.step()
+    wall_s = time.monotonic() - started_s
+    stats = core.stats()
+    assert stats.num_steps == 4  # a prefill and three decodes
+    assert 0 < stats.step_s_total <= wall_s  # read 0: the snapshot did not carry the steps' time
