@@ -23,6 +23,11 @@ prompt tokens, 16-48 new tokens, greedy, `ignore_eos`, over gRPC `Generate`; the
   flood in the gateway's one gRPC connection ahead of the scheduler (issue 38; 200 streams over the default 100).
   The load generator's gRPC client opens a connection per 24 streams too. Its alone and probe-prefill TTFTs are over
   HTTP too.
+Every phase also reads the server's own counters (COUNTERS, /metrics) before and after: preemptions, prompt and
+output tokens, steps and their busy time. The throughput goal is output tokens per busy second of the engine against
+fcfs's in the same round (the engine's idle time and the load generator's do not count); the client's output tok/s
+is shown beside it. The light tenant's goal: its TTFT P99 under contention within its TTFT alone (P50) plus two mean
+steps (the heavy requests' mean inter-token gap in the phase), the bound the priority probes have.
 A round runs the setups in order, the next round in reverse order. Writes docs/benchmarks/tenants.json, .md, .png.
 
     python benchmarks/tenants.py [--rounds N] [--quick] [--light-rate R] [--out-dir DIR]
@@ -63,6 +68,8 @@ COUNTERS = {  # the phase's figure: the server's Prometheus counter
     "prompt_tokens": "infer_prompt_tokens_total",
     "cached_tokens": "infer_prefix_cache_hit_tokens_total",
     "generation_tokens": "infer_generation_tokens_total",
+    "steps": "infer_steps_total",
+    "step_s": "infer_step_time_seconds_total",  # the steps' time: the engine busy, not idle
 }
 SETUPS: dict[str, dict[str, Any]] = {
     "fcfs": {"policy": "fcfs", "weights": {}, "phases": ("contention", HTTP_PHASE, "shares")},
@@ -344,7 +351,8 @@ def notes(rounds: list[dict[str, Any]], table: dict[str, Any], log_dir: Path) ->
            "idle, before its load; a step is the heavy requests' median inter-token gap in the same phase (a step "
            "of 16 decodes; the mean gap counts the steps that also carry a heavy request's prefill). The probes are "
            "tenant light, priority -10; under fcfs the priority is ignored, under fair it orders the light tenant's "
-           "own requests only.",
+           "own requests only. The light tenant's goal uses the same mean step over its own alone TTFT: a request "
+           "that arrives waits for the step in flight, then shares the next one with the running decodes.",
            "heavy : light requests: heavy requests completed / light requests sent in the contention phase (the "
            "issue's 10x; `--light-rate` changes the light tenant's rate).",
            f"server logs: {log_dir}"]  # fmt: skip
