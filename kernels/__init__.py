@@ -13,8 +13,8 @@ from infer.kernels.int4 import Int4Weight, Int5Weight, pack_int4, pack_int4_supe
 from infer.kernels.int6 import Int6Weight, pack_int6
 from infer.kernels.int8 import Int8Weight
 from infer.kernels.int8g import Int8GroupWeight, pack_int8g, pack_int8g_super
-from infer.kernels.interface import Kernels, LinearWeight
-from infer.kernels.packed import PackedWeight, SuperScales
+from infer.kernels.interface import Kernels
+from infer.kernels.packed import LinearWeight, PackedWeight, SuperScales
 from infer.kernels.rotary import RopeConfig, RotaryAngles, cos_sin_cache
 
 __all__ = [

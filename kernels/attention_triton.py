@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
-from infer.kernels.backend import is_interpreted
+from infer.kernels.env import is_interpreted
 from infer.kernels.kv_cache_triton import write_kv_triton
 
 TILE_N = 32  # keys per step of the online softmax

@@ -11,7 +11,9 @@
   (`TRITON_INTERPRET=1`, set before the kernels are imported), which is how
   the tests run the kernels on the CPU.
 
-The choice is logged, and the engine reports it (`ModelInfo.kernels`).
+The choice is logged, and the engine reports it (`ModelInfo.kernels`). An error names the setting that
+made the choice: `kernels=...` for a name passed in (the engine's `kernels` setting: `EngineConfig.kernels`,
+which `infer serve` fills from `--kernels` or `INFER_KERNELS`), `INFER_KERNELS=...` when read here.
 """
 
 from __future__ import annotations
@@ -25,18 +27,13 @@ import torch
 
 from infer.kernels import cpu
 from infer.kernels.compiled import CompiledCpuKernels
+from infer.kernels.env import is_interpreted
 from infer.kernels.interface import Kernels
 from infer.kernels.reference import ReferenceKernels
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "torch", "cpu", "triton")
-_TRUE = ("1", "true", "yes", "on", "y")
-
-
-def is_interpreted() -> bool:
-    """True when Triton kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRUE
 
 
 @functools.cache
@@ -50,28 +47,35 @@ def cpu_has_bf16_dot() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu.cpu_flags())
 
 
+def _setting_name(name: str | None) -> str:
+    """The setting that chose the backend, as errors name it: `kernels` when a caller passed `name`, else the
+    environment variable this module read."""
+    return "INFER_KERNELS" if name is None else "kernels"
+
+
 def requested_backend(name: str | None = None) -> str:
     """`name`, else INFER_KERNELS, else `auto`; ValueError for anything but auto, torch, cpu or triton."""
     chosen = (os.environ.get("INFER_KERNELS", "") if name is None else name).strip().lower() or "auto"
     if chosen not in BACKENDS:
-        raise ValueError(f"INFER_KERNELS={chosen!r}: expected one of {', '.join(BACKENDS)}")
+        raise ValueError(f"{_setting_name(name)}={chosen!r}: expected one of {', '.join(BACKENDS)}")
     return chosen
 
 
-def _resolve(requested: str, device: torch.device) -> str:
-    """The backend `requested` means on `device`; RuntimeError when it cannot run there."""
+def _resolve(requested: str, device: torch.device, setting: str) -> str:
+    """The backend `requested` (by `setting`) means on `device`; RuntimeError, naming the setting, when it cannot
+    run there."""
     if requested == "auto":
         if device.type == "cuda":
             return "triton" if triton_installed() else "torch"
         return "cpu" if device.type == "cpu" and cpu.load() else "torch"
     if requested == "triton" and not triton_installed():
-        raise RuntimeError("INFER_KERNELS=triton but the `triton` package is not installed")
+        raise RuntimeError(f"{setting}=triton but the `triton` package is not installed")
     if requested == "triton" and device.type != "cuda" and not is_interpreted():
-        raise RuntimeError(f"INFER_KERNELS=triton runs on CUDA, or on {device.type} under TRITON_INTERPRET=1")
+        raise RuntimeError(f"{setting}=triton runs on CUDA, or on {device.type} under TRITON_INTERPRET=1")
     if requested == "cpu" and device.type != "cpu":
-        raise RuntimeError(f"INFER_KERNELS=cpu runs on device cpu, not {device}")
+        raise RuntimeError(f"{setting}=cpu runs on device cpu, not {device}")
     if requested == "cpu" and not cpu.load():
-        raise RuntimeError(f"INFER_KERNELS=cpu but the compiled CPU kernels are not built ({cpu.library_path()})")
+        raise RuntimeError(f"{setting}=cpu but the compiled CPU kernels are not built ({cpu.library_path()})")
     return requested
 
 
@@ -88,7 +92,7 @@ def select_kernels(device: torch.device | str, dtype: torch.dtype, name: str | N
     """The kernel backend for a device and dtype: `name` or INFER_KERNELS (auto, torch, cpu, triton), once."""
     device = torch.device(device)
     requested = requested_backend(name)
-    kernels = _backend_class(_resolve(requested, device))(device, dtype)
+    kernels = _backend_class(_resolve(requested, device, _setting_name(name)))(device, dtype)
     logger.info("kernels: %s (asked for %s)", kernels, requested)
     if dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_bf16_dot():
         logger.warning("this CPU has no bf16 dot products (avx512_bf16/amx_bf16): bf16 runs slower than fp32")

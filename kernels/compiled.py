@@ -26,8 +26,7 @@ import torch
 from infer.kernels import cpu
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
 from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights, fusable
-from infer.kernels.interface import LinearWeight
-from infer.kernels.packed import PackedWeight
+from infer.kernels.packed import LinearWeight, PackedWeight
 from infer.kernels.reference import ReferenceKernels, over_rows
 from infer.kernels.rotary import RotaryAngles
 

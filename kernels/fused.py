@@ -6,6 +6,8 @@ The model hands its layers over once, at load (`Kernels.fuse_decoder`); a backen
 order, so its hidden states are bit-identical to it, for decode tokens and prefill chunks alike; what it
 saves is the Python and the dispatch around ~12 ops a layer.
 
+It knows no model family: what differs between them reaches it as traits (sandwich norms, gelu or silu, q/k
+norms and biases where a layer has them, each layer's attention scale, soft-cap, window and RoPE table).
 It takes fp32 activations (the compiled norms and RoPE are fp32 only) with fp32 weights or any packed format
 (`PackedWeight.format_id`, `fused_args`), mixed freely across a layer's projections; a model in another dtype,
 or a weight it does not know, is not fused (`fusable`).
@@ -20,8 +22,7 @@ from typing import Any
 import torch
 
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
-from infer.kernels.interface import LinearWeight
-from infer.kernels.packed import NO_TENSOR, PackedWeight, bias_arg
+from infer.kernels.packed import NO_TENSOR, LinearWeight, PackedWeight, bias_arg
 
 FLOAT_FORMAT = 0  # csrc/decoder_stack.cpp: Format; packed formats carry theirs (`PackedWeight.format_id`)
 
@@ -34,7 +35,7 @@ class DecoderShape:
     num_kv_heads: int
     head_dim: int
     eps: float
-    sandwich: bool  # Gemma 3's four norms a layer
+    sandwich: bool  # norms after attention and around the feed-forward (four a layer), not one before it
     gelu: bool  # gelu_tanh(gate) * up; else silu(gate) * up
     rope_caches: tuple[torch.Tensor, ...]  # [max_positions, rotary_dim] fp32 each (cos | sin)
 
@@ -52,9 +53,9 @@ class LayerWeights:
     down: LinearWeight
     attention: AttentionSpec
     rope: int  # index into DecoderShape.rope_caches
-    q_norm: torch.Tensor | None = None  # Qwen3
+    q_norm: torch.Tensor | None = None  # per-head q/k norms before RoPE, where the model has them
     k_norm: torch.Tensor | None = None
-    pre_ffn_norm: torch.Tensor | None = None  # Gemma 3
+    pre_ffn_norm: torch.Tensor | None = None  # the sandwich's norms around the feed-forward (`DecoderShape.sandwich`)
     post_ffn_norm: torch.Tensor | None = None
 
     @property

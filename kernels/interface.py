@@ -22,15 +22,11 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from infer.kernels.attention import AttentionMetadata, AttentionSpec
-from infer.kernels.packed import PackedWeight
+from infer.kernels.packed import LinearWeight, PackedWeight
 from infer.kernels.rotary import RotaryAngles
 
 if TYPE_CHECKING:
     from infer.kernels.fused import DecoderShape, FusedDecoder, LayerWeights
-
-# a linear layer's weight: float [out_features, in_features], or a packed format (`PackedWeight`: int8, int4,
-# int8g), which runs itself (its reference, compiled op and fused-stack arguments); a new format is a new class
-LinearWeight = torch.Tensor | PackedWeight
 
 
 class Kernels(ABC):

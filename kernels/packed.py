@@ -68,6 +68,11 @@ class PackedWeight(ABC):
         """(weight, aux, bias): the three tensors the C++ stack's `add_layer` takes for this linear layer."""
 
 
+# a linear layer's weight: float [out_features, in_features], or a packed format (`PackedWeight`: int8, int4,
+# int8g), which runs itself (its reference, compiled op and fused-stack arguments); a new format is a new class
+LinearWeight = torch.Tensor | PackedWeight
+
+
 def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 

@@ -24,8 +24,8 @@ from infer.kernels.attention import (
 from infer.kernels.int4 import quantize_int4
 from infer.kernels.int8 import quantize_int8
 from infer.kernels.int8g import quantize_int8g
-from infer.kernels.interface import Kernels, LinearWeight
-from infer.kernels.packed import PackedWeight
+from infer.kernels.interface import Kernels
+from infer.kernels.packed import LinearWeight, PackedWeight
 from infer.kernels.rotary import RotaryAngles
 
 QUANTIZERS: dict[str, Callable[[torch.Tensor], PackedWeight]] = {

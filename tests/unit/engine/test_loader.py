@@ -122,6 +122,19 @@ def test_the_configs_kernels_choose_the_backend_over_the_environment(
         EngineConfig(kernels="cuda")
 
 
+def test_a_backend_that_cannot_run_is_refused_naming_the_setting_that_chose_it(
+    llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EngineConfig.kernels (`--kernels`) is `kernels=` in the error; INFER_KERNELS read by the kernels is itself."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.delenv("INFER_KERNELS", raising=False)
+    with pytest.raises(RuntimeError, match=r"^kernels=triton runs on CUDA, or on cpu under TRITON_INTERPRET=1$"):
+        load_model(llama_dir, EngineConfig(kernels="triton"))
+    monkeypatch.setenv("INFER_KERNELS", "triton")
+    with pytest.raises(RuntimeError, match=r"^INFER_KERNELS=triton runs on CUDA, or on cpu under TRITON_INTERPRET=1$"):
+        load_model(llama_dir, EngineConfig())
+
+
 def test_an_engine_reads_config_json_once_and_reports_its_kernels(
     default_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

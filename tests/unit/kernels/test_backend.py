@@ -42,10 +42,13 @@ def test_a_name_passed_in_wins_over_the_env_var(monkeypatch: pytest.MonkeyPatch)
     assert select_kernels("cpu", torch.float32, "torch").name == "torch"
 
 
-def test_unknown_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_backend_is_refused_naming_the_setting_that_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFER_KERNELS", "cuda")
-    with pytest.raises(ValueError, match="INFER_KERNELS='cuda': expected one of auto, torch, cpu, triton"):
+    with pytest.raises(ValueError, match=r"^INFER_KERNELS='cuda': expected one of auto, torch, cpu, triton"):
         select_kernels("cpu", torch.float32)
+    monkeypatch.setenv("INFER_KERNELS", "torch")  # a name passed in chose: the engine's `kernels` setting
+    with pytest.raises(ValueError, match=r"^kernels='cuda': expected one of auto, torch, cpu, triton"):
+        select_kernels("cpu", torch.float32, "cuda")
 
 
 def test_forcing_triton_without_the_package_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,9 +63,27 @@ def test_triton_off_cuda_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) 
         select_kernels("cpu", torch.float32, "triton")
 
 
-def test_the_compiled_cpu_kernels_on_another_device_are_refused() -> None:
-    with pytest.raises(RuntimeError, match="INFER_KERNELS=cpu runs on device cpu, not cuda"):
+def test_the_compiled_cpu_kernels_on_another_device_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFER_KERNELS", "cpu")
+    with pytest.raises(RuntimeError, match=r"^INFER_KERNELS=cpu runs on device cpu, not cuda"):
+        select_kernels("cuda", torch.float16)
+
+
+@pytest.mark.parametrize("env", [None, "cpu", "torch"])
+def test_a_name_passed_in_is_the_setting_its_errors_name(env: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--kernels` / `EngineConfig.kernels` reach here as `name`: the error says `kernels=`, never the variable."""
+    if env is None:
+        monkeypatch.delenv("INFER_KERNELS", raising=False)
+    else:
+        monkeypatch.setenv("INFER_KERNELS", env)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match=r"^kernels=cpu runs on device cpu, not cuda"):
         select_kernels("cuda", torch.float16, "cpu")
+    with pytest.raises(RuntimeError, match=r"^kernels=triton runs on CUDA, or on cpu under TRITON_INTERPRET=1"):
+        select_kernels("cpu", torch.float32, "triton")
+    monkeypatch.setattr(backend, "triton_installed", lambda: False)
+    with pytest.raises(RuntimeError, match=r"^kernels=triton but the `triton` package is not installed"):
+        select_kernels("cuda", torch.float16, "triton")
 
 
 def test_the_choice_is_logged_once_with_device_and_dtype(caplog: pytest.LogCaptureFixture) -> None:
