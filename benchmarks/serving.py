@@ -29,8 +29,7 @@ from serving_report import write_report
 from serving_servers import LLAMA_SERVER, Running, infer_server, llama_version
 
 from infer.clients.bench.load import LoadPlan, run_load
-from infer.clients.bench.metrics import Slo
-from infer.clients.bench.report import BenchRun
+from infer.clients.bench.metrics import BenchRun, Slo
 from infer.clients.bench.targets import make_target
 from infer.clients.bench.workloads import Workload, WorkloadOptions, make_workload
 

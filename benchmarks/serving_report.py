@@ -12,9 +12,9 @@ from typing import Any
 
 import matrix_report
 
-from infer.clients.bench.metrics import Summary
+from infer.clients.bench.metrics import BenchRun, Summary
 from infer.clients.bench.plots import plot_cdfs, plot_sweep
-from infer.clients.bench.report import BenchRun, markdown_table, slo_text
+from infer.clients.bench.report import markdown_table, slo_text
 
 Runs = dict[str, list[BenchRun]]
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from infer.engine.speculative import SpecState
-    from infer.engine.structured.manager import GrammarState
+    from infer.engine.structured.grammar_state import GrammarState
     from infer.engine.tools.parsers import ToolCallDelta
 
 

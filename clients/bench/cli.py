@@ -12,8 +12,8 @@ from pathlib import Path
 
 from infer.api import DEFAULT_ADDRESS
 from infer.clients.bench.load import LoadPlan, run_load
-from infer.clients.bench.metrics import Slo
-from infer.clients.bench.report import BenchRun, markdown, write_outputs
+from infer.clients.bench.metrics import BenchRun, Slo
+from infer.clients.bench.report import markdown, write_outputs
 from infer.clients.bench.targets import PROTOCOLS, Json, make_target
 from infer.clients.bench.workloads import WORKLOADS, WorkloadOptions, make_workload
 from infer.clients.client import AsyncInferClient

@@ -113,3 +113,32 @@ def summarize(results: Sequence[RequestResult], slo: Slo | None = None, tag: str
         max_concurrent_decoding=max_overlap(decoding),
         errors=dict(Counter(r.status for r in chosen if not r.ok)),
     )
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    label: str  # e.g. "grpc, Poisson 1 req/s"
+    target: str
+    workload: str
+    load: str
+    rate: float | None
+    slo: Slo
+    results: tuple[RequestResult, ...]
+
+    @property
+    def summary(self) -> Summary:
+        return summarize(self.results, self.slo)
+
+    def by_tag(self) -> dict[str, Summary]:
+        tags = sorted({r.tag for r in self.results if r.tag})
+        return {tag: summarize(self.results, self.slo, tag) for tag in tags} if len(tags) > 1 else {}
+
+    def to_json(self, with_requests: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "label": self.label, "target": self.target, "workload": self.workload, "load": self.load,
+            "rate": self.rate, "slo": asdict(self.slo), "summary": self.summary.to_json(),
+            "by_tag": {tag: s.to_json() for tag, s in self.by_tag().items()},
+        }  # fmt: skip
+        if with_requests:
+            out["requests"] = [asdict(r) for r in self.results]
+        return out

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from infer.clients.bench.targets import RequestResult
 
 if TYPE_CHECKING:
-    from infer.clients.bench.report import BenchRun
+    from infer.clients.bench.metrics import BenchRun
 
 
 def _pyplot() -> Any:

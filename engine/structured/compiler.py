@@ -1,7 +1,7 @@
 """`GrammarCompiler`: a `Constraint` compiled into a token-level automaton, off the step thread, cached.
 
 xgrammar compiles once per (kind, text), on the compiler's own threads (never the step thread); each request
-then walks it with its own matcher (`manager.GrammarState`), and the sampler masks the tokens the automaton
+then walks it with its own matcher (`grammar_state.GrammarState`), and the sampler masks the tokens the automaton
 forbids.
 xgrammar is imported on first use: it takes ~2 s (it pulls in transformers).
 """

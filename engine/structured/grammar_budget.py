@@ -35,7 +35,7 @@ from typing import IO, TYPE_CHECKING
 from infer.engine.validation import InvalidInput, QueueFullError
 
 if TYPE_CHECKING:
-    from infer.engine.structured import Constraint
+    from infer.engine.structured.constraint import Constraint
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infer.clients.bench.metrics import Slo
-from infer.clients.bench.report import BenchRun
+from infer.clients.bench.metrics import BenchRun, Slo
 from infer.clients.bench.targets import RequestResult
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from infer.clients.bench.load import LoadPlan, arrival_offsets, run_load
-from infer.clients.bench.metrics import Slo, Stats, max_overlap, percentile, summarize
-from infer.clients.bench.report import BenchRun, markdown_table
+from infer.clients.bench.metrics import BenchRun, Slo, Stats, max_overlap, percentile, summarize
+from infer.clients.bench.report import markdown_table
 from infer.clients.bench.targets import Clock, GrpcTarget, OpenAITarget, RequestResult
 from infer.clients.bench.workloads import (
     FIRST_ID,

@@ -11,7 +11,7 @@ from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestStatus
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
-from infer.engine.structured.manager import GrammarState
+from infer.engine.structured.grammar_state import GrammarState
 
 
 def make(num_blocks: int = 64, **settings: Any) -> Scheduler:
