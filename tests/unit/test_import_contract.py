@@ -170,8 +170,6 @@ CIRCLE_EDGES_LEFT: dict[tuple[str, str], str] = {
     "speculative_tokens: to sampling_params.py or the speculation package's leaf (item 3)",
     ("infer.engine.speculative", "infer.engine.sampler"): "accept_drafts takes a SamplerOutput and the sampler "
     "calls accept_drafts: the verifier's rewrite (sampling moves into the runner, item 3) parts them",
-    ("infer.engine.cuda_graphs", "infer.engine.runner"): "the graphs take the runner and its SeqWork, the runner "
-    "holds the graphs (issue 39, under way): SeqWork and what the graphs need of the runner to a leaf",
     ("infer.engine.model_config", "infer.engine.model_check"): "ModelCheckError, raised by the config's readers, "
     "lives in model_check.py, which checks a ModelConfig (item 1's rewrite of both, under way): to a leaf",
 }
