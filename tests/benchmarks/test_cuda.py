@@ -79,3 +79,18 @@ def test_the_whole_dry_run_serves_and_measures_every_shape(tmp_path: Path) -> No
     served = [g for g in results["goals"] if "server" in g["name"]]
     assert all(g["passed"] is not None for g in served)
     assert not results["skipped"]
+
+
+def test_parity_is_identical_only_with_the_same_tokens_and_bit_equal_logprobs() -> None:
+    cuda = _script()
+    on = [{"tokens": [5, 6], "logprobs": [-0.5, -1.25]}, {"tokens": [7], "logprobs": [-2.0]}]
+    assert cuda.compare_parity(on, [dict(o) for o in on])["identical"]
+    other_token = [on[0], {"tokens": [8], "logprobs": [-2.0]}]
+    assert cuda.compare_parity(on, other_token) == {"tokens_equal": False, "max_logprob_diff": 0.0,
+                                                    "identical": False}  # fmt: skip
+    nudged = [{"tokens": [5, 6], "logprobs": [-0.5, -1.25 - 2**-20]}, on[1]]
+    assert cuda.compare_parity(on, nudged) == {"tokens_equal": True, "max_logprob_diff": 2**-20, "identical": False}
+
+
+def test_the_sweep_covers_every_capture_size() -> None:
+    assert _script().capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
