@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", help="cuda (or cpu, only to check the script: the dry run)")
     ap.add_argument("--tiny", action="store_true", help="tiny versions of the shapes (the dry run)")
-    ap.add_argument("--models", nargs="+", choices=list(cuda_models.SHAPES), default=list(cuda_models.SHAPES))
+    ap.add_argument("--models", nargs="*", choices=list(cuda_models.SHAPES), default=list(cuda_models.SHAPES))
     ap.add_argument("--gguf", nargs="*", type=Path, default=[], help="GGUF files, dequantized to bf16")
     ap.add_argument("--layers", nargs="*", default=[], help="SHAPE=N: only the first N layers of that shape")
     ap.add_argument("--concurrency", nargs=2, type=int, default=[16, 64], metavar=("SMOLLM2", "QWEN"),
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                  args.batch1_tokens, args.server_tokens, args.hf_requests)  # fmt: skip
     specs = [ModelSpec(k, cuda_models.SHAPES[k].label, shape=cuda_models.SHAPES[k], num_layers=layers.get(k))
              for k in args.models]  # fmt: skip
-    specs += [ModelSpec(f"gguf:{g.name}", f"{g.name} (GGUF, dequantized to bf16)", gguf=g) for g in args.gguf]
+    specs += [ModelSpec(f"gguf:{g.name}", f"{g.name} (GGUF, dequantized to bf16)", gguf=g.resolve()) for g in args.gguf]
     budget = Budget(args.budget_s)
     bandwidth, bandwidth_source = card_bandwidth(args.device)
     results: dict[str, Any] = {

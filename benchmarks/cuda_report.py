@@ -71,7 +71,8 @@ def goals(results: dict[str, Any]) -> list[Goal]:
 
 
 def _parity_goal(parities: dict[str, dict[str, Any]]) -> Goal:
-    name = f"greedy tokens and logprobs identical, graphs on and off ({len(parities)} models)"
+    n = len(parities)
+    name = f"greedy tokens and logprobs identical, graphs on and off ({n} model{'' if n == 1 else 's'})"
     if not parities:
         return Goal(name, "identical", None, "not measured: not run", None)
     differ = [k for k, p in parities.items() if not p["identical"]]
