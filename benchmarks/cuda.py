@@ -74,8 +74,11 @@ class Budget:
     start: float = field(default_factory=time.monotonic)
     skipped: list[str] = field(default_factory=list)
 
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
     def left(self) -> float:
-        return self.seconds - (time.monotonic() - self.start)
+        return self.seconds - self.elapsed()
 
     def allows(self, what: str) -> bool:
         if self.left() > 0:
@@ -203,7 +206,8 @@ def free_device() -> None:
         torch.cuda.empty_cache()
 
 
-def bench_engine(model: str, vocab: int, graphs: bool, s: Settings, budget: Budget, quant: str) -> dict[str, Any]:
+def bench_engine(key: str, model: str, vocab: int, graphs: bool, s: Settings, budget: Budget,
+                 quant: str) -> dict[str, Any]:  # fmt: skip
     """One engine (graphs on or off) on the model: the batch-size sweep, batch 1, host share, parity outputs."""
     start = time.perf_counter()
     llm = LLM(model, quantization=quant, **s.engine(graphs))
@@ -212,7 +216,7 @@ def bench_engine(model: str, vocab: int, graphs: bool, s: Settings, budget: Budg
     llm.generate(prompts, greedy(3))  # warm-up: compiles the kernels for the largest batch and for one row
     llm.generate(prompts[:1], greedy(3))
     for b in capture_sizes(s.max_num_seqs):
-        if not budget.allows(f"{model}: graphs {'on' if graphs else 'off'}, batch {b} and after"):
+        if not budget.allows(f"{key}: graphs {'on' if graphs else 'off'}, batch {b} and larger"):
             break
         step = decode_step_s(llm, prompts[:b], s.new_tokens)
         out["sizes"][b] = {"step_ms": step * 1e3, "tok_s": b / step}
@@ -344,13 +348,14 @@ def bench_model(spec: ModelSpec, s: Settings, args: argparse.Namespace, budget: 
     res: dict[str, Any] = {"label": spec.label, "num_layers": spec.num_layers, "engines": {}}
     with materialized(spec, s, args.tiny, tmp) as m:
         res["build_s"] = m["build_s"]
+        print(f"[{budget.elapsed():.0f} s] {spec.key}: made in {m['build_s']:.1f} s", flush=True)
         vocab = int(m["config"]["vocab_size"]) if m["config"] else _gguf_vocab(m["path"])
         for graphs in (True, False):
             name = "graphs_on" if graphs else "graphs_off"
             if budget.allows(f"{spec.key}: the engine with graphs {'on' if graphs else 'off'}"):
-                res["engines"][name] = bench_engine(m["path"], vocab, graphs, s, budget, m["quant"])
-                print(f"{spec.key} {name}: " + json.dumps({k: v for k, v in res["engines"][name].items()
-                                                           if k != "parity"}), flush=True)  # fmt: skip
+                res["engines"][name] = bench_engine(spec.key, m["path"], vocab, graphs, s, budget, m["quant"])
+                shown = {k: v for k, v in res["engines"][name].items() if k != "parity"}
+                print(f"[{budget.elapsed():.0f} s] {spec.key} {name}: {json.dumps(shown)}", flush=True)
         engines = res["engines"]
         if "graphs_on" in engines and "graphs_off" in engines:
             res["parity"] = compare_parity(engines["graphs_on"].pop("parity"), engines["graphs_off"].pop("parity"))
@@ -468,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         for spec in specs:
             if budget.allows(f"{spec.key}: all of it"):
                 results["models"][spec.key] = bench_model(spec, s, args, budget, Path(tmp))
-        results["elapsed_s"] = time.monotonic() - budget.start
+        results["elapsed_s"] = budget.elapsed()
         results["skipped"] = budget.skipped
         out_dir = args.out_dir or (OUT_DIR if on_cuda else Path(tmp) / "report")
         cuda_report.write_report(results, out_dir)
