@@ -97,10 +97,15 @@ ARG DEVICE=cpu
 LABEL org.opencontainers.image.title="infer" \
       org.opencontainers.image.description="LLM inference: gRPC streaming Generate, continuous batching, paged KV cache, OpenAI gateway" \
       org.opencontainers.image.licenses="Apache-2.0"
-# CUDA: Triton builds its driver stub with a C compiler and the Python headers on first use; the CPU image has no compiler
+# CUDA: Triton builds its driver stub with a C compiler and the Python headers on first use; the CPU image has no
+# compiler. A python:*-slim base has the headers; a Debian python3 base (a debootstrap one) gets them from apt, at
+# its python's version
 RUN if [ "$DEVICE" = "cuda" ]; then \
+        headers="$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])")/Python.h"; \
         apt-get update \
         && apt-get install -y --no-install-recommends gcc=4:12.2.0-3 libc6-dev="$(dpkg-query -W -f='${Version}' libc6)" \
+        && { test -f "$headers" \
+            || apt-get install -y --no-install-recommends libpython3.11-dev="$(dpkg-query -W -f='${Version}' python3.11)"; } \
         && rm -rf /var/lib/apt/lists/* \
         && python -c "import os, sysconfig, sys; h = sysconfig.get_paths()['include'] + '/Python.h'; \
 sys.exit(0 if os.path.isfile(h) else f'{h} is missing: Triton needs the Python headers (a python:*-slim base has them)')"; \

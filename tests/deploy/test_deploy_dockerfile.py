@@ -137,6 +137,7 @@ def test_a_compiler_only_in_the_build_stage_and_the_cuda_runtime() -> None:
     cuda = " ".join(CUDA_ONLY.findall(runtime))
     assert re.search(r"apt-get install .*\bgcc=\S+ libc6-dev=", cuda), "Triton compiles its driver stub at run time"
     assert "Python.h" in cuda, "and needs the Python headers: the build checks that the base has them"
+    assert re.search(r"test -f \S+\s+\|\| apt-get install .*\blibpython3\.11-dev=", cuda), "else installs them, pinned"
     cpu = CUDA_ONLY.sub("", runtime)
     assert "apt-get install" not in cpu and not COMPILERS.search(cpu), f"the CPU runtime installs: {cpu}"
 
@@ -204,6 +205,19 @@ def test_the_build_copies_every_package_folder() -> None:
     assert sources >= PACKAGE_FOLDERS
     assert {PYPROJECT["project"]["readme"], "pyproject.toml", "constraints.txt"} <= sources
     assert mounts == {"wheels"}
+
+
+def test_the_package_list_names_every_package_folder() -> None:
+    """`pip install .` (the image, a wheel) installs the packages pyproject.toml lists, no others: a folder with an
+    __init__.py left out is missing from the install (the image failed at start without engine/policies/)."""
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    found = {
+        ".".join((package, *init.parent.relative_to(REPO / folder).parts))
+        for package, folder in setuptools["package-dir"].items()
+        for init in (REPO / folder).rglob("__init__.py")
+    }
+    assert sorted(found - set(setuptools["packages"])) == [], "missing from [tool.setuptools] packages"
+    assert sorted(set(setuptools["packages"]) - found) == [], "listed, but no such folder with an __init__.py"
 
 
 @pytest.fixture
