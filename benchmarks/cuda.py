@@ -199,6 +199,14 @@ def compare_parity(on: list[dict[str, Any]], off: list[dict[str, Any]]) -> dict[
     return {"tokens_equal": tokens_equal, "max_logprob_diff": max_diff, "identical": tokens_equal and max_diff == 0.0}
 
 
+def graph_stats(llm: LLM) -> dict[str, Any] | None:
+    """What the engine captured (ModelInfo.cuda_graphs: sizes, seconds, pool bytes); None where it says nothing."""
+    stats = getattr(llm.core.model_info, "cuda_graphs", None)
+    if stats is None:
+        return None
+    return {"sizes": list(stats.sizes), "capture_s": stats.capture_s, "memory_bytes": stats.memory_bytes}
+
+
 def free_device() -> None:
     """The device memory of what was dropped back to the driver (the next model's room)."""
     if torch.cuda.is_available():
@@ -211,7 +219,7 @@ def bench_engine(key: str, model: str, vocab: int, graphs: bool, s: Settings, bu
     """One engine (graphs on or off) on the model: the batch-size sweep, batch 1, host share, parity outputs."""
     start = time.perf_counter()
     llm = LLM(model, quantization=quant, **s.engine(graphs))
-    out: dict[str, Any] = {"load_s": time.perf_counter() - start, "sizes": {}, "host": {}}
+    out: dict[str, Any] = {"load_s": time.perf_counter() - start, "sizes": {}, "host": {}, "graphs": graph_stats(llm)}
     prompts = prompts_of(s.max_num_seqs, s.prompt_tokens, vocab, seed=1)
     llm.generate(prompts, greedy(3))  # warm-up: compiles the kernels for the largest batch and for one row
     llm.generate(prompts[:1], greedy(3))

@@ -84,6 +84,13 @@ def _f(v: Any, fmt: str = "{:,.0f}") -> str:
     return "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
 
 
+def _captured(graphs: dict[str, Any] | None) -> str:
+    """The graphs-on engine's capture: sizes, seconds, pool MiB (none: it ran eagerly)."""
+    if not graphs or not graphs["sizes"]:
+        return "none" if graphs is not None else "–"
+    return f"{len(graphs['sizes'])} sizes, {graphs['capture_s']:.1f} s, {graphs['memory_bytes'] / 2**20:,.0f} MiB"
+
+
 def _parity_cell(parity: dict[str, Any]) -> str:
     if parity["identical"]:
         return "identical"
@@ -130,9 +137,9 @@ def _model_table(r: dict[str, Any]) -> list[str]:
         "the bytes of weights a decode step reads. Host share: 1 − the GPU's kernel time (torch.profiler) over the "
         "wall time of a decode step.",
         "",
-        "| model | weights read / step | batch-1 tok/s graphs on | off | transformers | of the limit "
-        "| host share b1 on | off | host share b16 on | off | on = off (tokens, logprobs) | load s on |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| model | weights read / step | batch-1 tok/s graphs on | off | transformers | of the limit | host share b1 "
+        "on | off | host share b16 on | off | on = off (tokens, logprobs) | graphs captured | load s on |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     for key, m in r["models"].items():
         on, off = _get(m, "engines", "graphs_on") or {}, _get(m, "engines", "graphs_off") or {}
@@ -146,7 +153,7 @@ def _model_table(r: dict[str, Any]) -> list[str]:
                  _f(off.get("batch1_decode_tok_s")), hf_b1, _f(share, pct),
                  _f(_get(on, "host", 1, "host_share"), pct), _f(_get(off, "host", 1, "host_share"), pct),
                  _f(_get(on, "host", 16, "host_share"), pct), _f(_get(off, "host", 16, "host_share"), pct), same,
-                 _f(on.get("load_s"), "{:.1f}")]  # fmt: skip
+                 _captured(on.get("graphs")), _f(on.get("load_s"), "{:.1f}")]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     errors = [f"{k}: {m['hf']['error']}" for k, m in r["models"].items() if "error" in (m.get("hf") or {})]
     return [*lines, "", *(["transformers did not run: " + "; ".join(errors), ""] if errors else [])]
