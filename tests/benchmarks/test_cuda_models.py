@@ -29,13 +29,8 @@ def _parsed(config: dict[str, Any], tmp_path: Path) -> ModelConfig:
 def test_each_shape_is_its_published_config(tmp_path: Path) -> None:
     qwen, llama8 = cuda_models.SHAPES["qwen2.5-1.5b"], cuda_models.SHAPES["llama-3.1-8b"]
     cfg = _parsed(cuda_models.config_json(qwen), tmp_path)
-    assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size) == (
-        1536,
-        28,
-        12,
-        2,
-        151936,
-    )
+    dims = (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size)
+    assert dims == (1536, 28, 12, 2, 151936)
     assert cfg.attention_bias and cfg.tie_word_embeddings  # Qwen2: q/k/v biases, one table for embedding and head
     cfg = _parsed(cuda_models.config_json(llama8), tmp_path)
     assert (cfg.intermediate_size, cfg.head_dim, cfg.tie_word_embeddings) == (14336, 128, False)
