@@ -31,6 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,9 +264,8 @@ def server_workload(concurrency: int, s: Settings, vocab: int, seed: int) -> Wor
 
 
 def bench_server(key: str, model: str, quant: str, vocab: int, concurrencies: list[int], s: Settings,
-                 budget: Budget, log_dir: Path) -> dict[str, Any]:  # fmt: skip
-    """`infer serve` on the model (graphs on), driven over gRPC: output tok/s at each concurrency."""
-    out: dict[str, Any] = {}
+                 budget: Budget, log_dir: Path, out: dict[str, Any]) -> None:  # fmt: skip
+    """`infer serve` on the model (graphs on), driven over gRPC: output tok/s at each concurrency, into `out`."""
     with infer_server(key, s.serve_flags(model, quant), log_dir) as server:
         out["ready_s"] = server.ready_s
         for c in concurrencies:
@@ -288,7 +288,6 @@ def bench_server(key: str, model: str, quant: str, vocab: int, concurrencies: li
             out[str(c)] = {"output_tok_s": summary.output_tokens_per_s, "ttft_p50_s": summary.ttft_s.p50,
                            "tpot_mean_s": summary.tpot_s.mean, "requests": len(results)}  # fmt: skip
             print(f"  {key} server {c} concurrent: {json.dumps(out[str(c)])}", flush=True)
-    return out
 
 
 def card_bandwidth(device: str) -> tuple[float, str]:
@@ -352,8 +351,11 @@ def gguf_hf_model(path: Path, device: str) -> Any:
     return model.to(device).eval()
 
 
-def bench_model(spec: ModelSpec, s: Settings, args: argparse.Namespace, budget: Budget, tmp: Path) -> dict[str, Any]:
-    res: dict[str, Any] = {"label": spec.label, "num_layers": spec.num_layers, "engines": {}}
+def bench_model(spec: ModelSpec, s: Settings, args: argparse.Namespace, budget: Budget, tmp: Path,
+                res: dict[str, Any]) -> None:  # fmt: skip
+    """Every part of one model, its figures put in `res` as each part ends (a part that raises keeps the ones
+    before it)."""
+    res.update({"label": spec.label, "num_layers": spec.num_layers, "engines": {}})
     with materialized(spec, s, args.tiny, tmp) as m:
         res["build_s"] = m["build_s"]
         print(f"[{budget.elapsed():.0f} s] {spec.key}: made in {m['build_s']:.1f} s", flush=True)
@@ -377,9 +379,9 @@ def bench_model(spec: ModelSpec, s: Settings, args: argparse.Namespace, budget: 
             res["hf"] = bench_hf(m["hf"], spec.key, vocab, s, args)
         if spec.key in SERVED and not args.no_server and budget.allows(f"{spec.key}: the server"):
             concurrency = args.concurrency[SERVED.index(spec.key)]
-            res["server"] = bench_server(spec.key, m["path"], m["quant"], vocab, [1, concurrency], s, budget,
-                                         args.log_dir)  # fmt: skip
-    return res
+            res["server"] = {}
+            bench_server(spec.key, m["path"], m["quant"], vocab, [1, concurrency], s, budget, args.log_dir,
+                         res["server"])  # fmt: skip
 
 
 def bench_hf(build: Callable[[], Any], key: str, vocab: int, s: Settings, args: argparse.Namespace) -> dict[str, Any]:
@@ -480,7 +482,13 @@ def main(argv: list[str] | None = None) -> int:
         args.log_dir = Path(tmp)
         for spec in specs:
             if budget.allows(f"{spec.key}: all of it"):
-                results["models"][spec.key] = bench_model(spec, s, args, budget, Path(tmp))
+                res = results["models"][spec.key] = {}
+                try:
+                    bench_model(spec, s, args, budget, Path(tmp), res)
+                except Exception as e:  # NOTE: one run on a lent GPU: the other models and the report go on
+                    traceback.print_exc()
+                    res["error"] = f"{type(e).__name__}: {e}"[-2000:]
+                    free_device()
         results["elapsed_s"] = budget.elapsed()
         results["skipped"] = budget.skipped
         out_dir = args.out_dir or (OUT_DIR if on_cuda else Path(tmp) / "report")

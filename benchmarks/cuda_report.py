@@ -125,6 +125,9 @@ def markdown(results: dict[str, Any], gs: list[Goal]) -> str:
     ]
     if r["skipped"]:
         lines += ["Not run (the time budget was spent): " + "; ".join(r["skipped"]) + ".", ""]
+    errors = [f"{k}: {m['error'].splitlines()[0][:300]}" for k, m in r["models"].items() if "error" in m]
+    if errors:
+        lines += ["Stopped by an error (the figures before it stand):", "", *[f"- `{e}`" for e in errors], ""]
     lines += _model_table(r) + _sweep_table(r) + _server_table(r)
     return "\n".join(lines)
 

@@ -66,6 +66,24 @@ def test_the_dry_run_of_the_goal_models_writes_every_goal_row(tmp_path: Path) ->
     assert all(any(w in line for line in report.splitlines() if line.startswith("| ")) for w in GOALS)
 
 
+def test_a_model_that_fails_keeps_its_figures_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cuda = _script()
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("server exited with 1; log x:\nTraceback ...")
+
+    monkeypatch.setattr(cuda, "bench_server", broken)
+    args = [*TINY, "--max-num-seqs", "1", "--models", "smollm2-135m", "llama-3.2-1b", "--concurrency", "2", "2"]
+    assert cuda.main([*args, "--out-dir", str(tmp_path)]) == 0
+    models = json.loads((tmp_path / "cuda.json").read_text())["models"]
+    assert models["smollm2-135m"]["error"].startswith("RuntimeError: server exited with 1")
+    assert _finite(models["smollm2-135m"]["engines"]["graphs_off"]["batch1_decode_tok_s"])  # measured before it
+    assert "error" not in models["llama-3.2-1b"] and models["llama-3.2-1b"]["parity"]["identical"]
+    assert "- `smollm2-135m: RuntimeError: server exited with 1; log x:`" in (tmp_path / "cuda.md").read_text()
+
+
 @pytest.mark.slow  # every shape, with `infer serve` started for the two goal models (~30 s on 2 cores)
 def test_the_whole_dry_run_serves_and_measures_every_shape(tmp_path: Path) -> None:
     cuda = _script()
