@@ -363,11 +363,16 @@ def bench_model(spec: ModelSpec, s: Settings, args: argparse.Namespace, budget: 
         for graphs in (True, False):
             name = "graphs_on" if graphs else "graphs_off"
             if budget.allows(f"{spec.key}: the engine with graphs {'on' if graphs else 'off'}"):
-                res["engines"][name] = bench_engine(spec.key, m["path"], vocab, graphs, s, budget, m["quant"])
+                try:
+                    res["engines"][name] = bench_engine(spec.key, m["path"], vocab, graphs, s, budget, m["quant"])
+                except Exception as e:  # NOTE: graphs that fail to capture must not cost the eager figures
+                    traceback.print_exc()
+                    res["engines"][name] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
+                    free_device()
                 shown = {k: v for k, v in res["engines"][name].items() if k != "parity"}
                 print(f"[{budget.elapsed():.0f} s] {spec.key} {name}: {json.dumps(shown)}", flush=True)
         engines = res["engines"]
-        if "graphs_on" in engines and "graphs_off" in engines:
+        if all("parity" in engines.get(n, {}) for n in ("graphs_on", "graphs_off")):
             res["parity"] = compare_parity(engines["graphs_on"].pop("parity"), engines["graphs_off"].pop("parity"))
         for e in engines.values():
             e.pop("parity", None)

@@ -126,6 +126,8 @@ def markdown(results: dict[str, Any], gs: list[Goal]) -> str:
     if r["skipped"]:
         lines += ["Not run (the time budget was spent): " + "; ".join(r["skipped"]) + ".", ""]
     errors = [f"{k}: {m['error'].splitlines()[0][:300]}" for k, m in r["models"].items() if "error" in m]
+    errors += [f"{k}, {name}: {e['error'].splitlines()[0][:300]}" for k, m in r["models"].items()
+               for name, e in (m.get("engines") or {}).items() if "error" in e]  # fmt: skip
     if errors:
         lines += ["Stopped by an error (the figures before it stand):", "", *[f"- `{e}`" for e in errors], ""]
     lines += _model_table(r) + _sweep_table(r) + _server_table(r)

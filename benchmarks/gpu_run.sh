@@ -34,7 +34,8 @@ trap 'rm -f "${linked[@]}"' EXIT  # NOTE: a checkout with the editable install m
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 bin=$(dirname "$(command -v "$PYTHON")")
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/gpu.txt"
-"$PYTHON" -c "import infer.server.cli, infer.engine.loader, torch, triton, transformers; print('imports ok', \
+"$PYTHON" -c "import infer.server.cli, infer.engine.loader, infer.clients.bench.load, torch, triton, transformers; \
+print('imports ok', \
 torch.__version__, triton.__version__, transformers.__version__)" 2>&1 | tee "$out/imports.txt" || exit 1
 timeout "$TEST_GPU_S" make test-gpu BIN="$bin" GPU_PREREQ= 2>&1 | tee "$out/test-gpu.log"
 echo "test-gpu: exit $?, $((SECONDS - start)) s"
