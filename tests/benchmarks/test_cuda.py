@@ -124,3 +124,14 @@ def test_parity_is_identical_only_with_the_same_tokens_and_bit_equal_logprobs() 
 
 def test_the_sweep_covers_every_capture_size() -> None:
     assert _script().capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+
+
+def test_host_share_is_the_decode_steps_kernel_time_against_their_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = _script()
+    profiled = iter([(0.0325, 10 + 31 * 300), (0.0015, 10)])  # the 32-token run, then the 1-token one
+    monkeypatch.setattr(cuda, "gpu_kernel_s", lambda run, device: next(profiled))
+    share = cuda.host_share(None, [[1]], 32, 0.004, "cuda")  # 1 ms of kernels in a 4 ms step
+    assert share["host_share"] == pytest.approx(0.75) and share["kernels_per_step"] == 300
+    blind = iter([(0.0015, 10), (0.0015, 10)])  # graph replays the profiler does not see: no decode kernels
+    monkeypatch.setattr(cuda, "gpu_kernel_s", lambda run, device: next(blind))
+    assert cuda.host_share(None, [[1]], 32, 0.004, "cuda")["host_share"] is None
