@@ -17,8 +17,7 @@ from infer.engine.request import Request
 
 
 class Priority(SchedulingPolicy):
-    """Admission by rank (here the standing); the least deserving running request yields, to a waiting request
-    that outranks it."""
+    """Admission by standing; the least deserving running request yields, to a waiting request that outranks it."""
 
     def __init__(self, settings: PolicySettings) -> None:
         super().__init__(settings)
@@ -34,18 +33,13 @@ class Priority(SchedulingPolicy):
 
     # the scheduler's questions
     def admission_order(self, waiting: Iterable[R]) -> Iterator[R]:
-        """Most deserving first (of equals, in queue order). Lazily: a rank that changed since the queue was
-        ordered (an admission charged its tenant, under fair) is refiled before its request is taken. O(waiting)
-        to start, O(log waiting) a request taken."""
-        queue = [(self.rank(r), i, r) for i, r in enumerate(waiting)]  # ties in queue order
-        heapq.heapify(queue)
+        """Most deserving first (of equals, in queue order). O(waiting) to start, O(log waiting) a request taken."""
+        aging_s = self.aging_s
+        # NOTE: the standing inlined: this runs over every waiting request every step
+        queue = [(r.arrival_time_s + r.params.priority * aging_s, i, r) for i, r in enumerate(waiting)]
+        heapq.heapify(queue)  # ties in queue order
         while queue:
-            rank, i, request = queue[0]
-            if (now := self.rank(request)) != rank:
-                heapq.heapreplace(queue, (now, i, request))
-                continue
-            heapq.heappop(queue)
-            yield request
+            yield heapq.heappop(queue)[2]
 
     def victim(self, running: Sequence[R]) -> R:
         """The least deserving (of equals, the last admitted)."""
