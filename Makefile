@@ -170,7 +170,8 @@ bench-precision: $(DEV_STAMP) kernels
 profile-step: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/profile_step.py $(ARGS)
 
-# the image: `make image` (CPU, infer:<version>) or `make image DEVICE=cuda` (infer:<version>-cuda), built with
+# the image: `make image` (CPU, infer:<version>, ~2 GB) or `make image DEVICE=cuda` (infer:<version>-cuda, ~6.4 GB:
+# torch's CUDA build and triton from the package index; docs/deployment.md#the-cuda-image), built with
 # docker when its daemon answers, else podman. BASE_IMAGE=NAME: another base; TORCH_WHEELS=DIR: torch's CPU wheel
 # from DIR, or TORCH_INDEX_URL=URL: from another index (a network without the PyTorch index); PIP_CERT=FILE (pip's
 # own variable, also from the environment): the CA bundle pip trusts in the build (a TLS-intercepting proxy);
@@ -193,10 +194,12 @@ image:
 		$(if $(PIP_CERT),--secret id=pip_cert$(,)src=$(PIP_CERT)) \
 		-t $(IMAGE) .
 
-# the CPU image built and run as users run it (podman, installed with apt where missing; a debootstrap base where
+# the image built and run as users run it (podman, installed with apt where missing; a debootstrap base where
 # no registry answers): read-only, non-root, HEALTHCHECK, HTTP and gRPC answers, SIGTERM. Prints its figures.
+# DEVICE=cuda: the CUDA image (infer:test-image-cuda; 394-647 s here), run with no GPU passed in: it must say in
+# its log that it serves on the CPU, and answer from there
 test-image: $(DEV_STAMP)
-	$(BIN)/python -m tests.image.check_image
+	$(BIN)/python -m tests.image.check_image --device $(DEVICE)
 
 # online serving: every engine configuration, then every precision (speculation on/off) vs llama.cpp's llama-server
 # (when `make peers` built it) in alternating rounds, input-grounded and random-token workloads (41 min on 2 quiet cores; bench-offline 44);

@@ -1,12 +1,15 @@
-"""`make test-image`: build the CPU image with podman and run it as users do, then print its figures.
+"""`make test-image [DEVICE=cuda]`: build the CPU (or CUDA) image with podman and run it as users do, then print its
+figures.
 
-    python -m tests.image.check_image [--image NAME] [--no-build]
+    python -m tests.image.check_image [--device cpu|cuda] [--image NAME] [--no-build]
 
 Podman (and runc) come from apt where missing. When the Dockerfile's base cannot be pulled (no registry answers
 here), a Debian bookworm base made with debootstrap is built once and passed as BASE_IMAGE. The build gets the
-host's pip settings (`pip config list`): its CA bundle, and torch's CPU wheel from a find-links folder.
-The container runs read-only with a tmpfs /tmp, as the image's non-root user; it must pass its HEALTHCHECK,
-answer the chat question over HTTP and over gRPC, log the compiled CPU kernels in use and exit 0 on SIGTERM.
+host's pip settings (`pip config list`): its CA bundle, and torch's CPU wheel from a find-links folder (the CUDA
+image's torch and triton come from the package index). The container runs read-only with a tmpfs /tmp, as the
+image's non-root user, no GPU passed in; it must pass its HEALTHCHECK, answer the chat question over HTTP and over
+gRPC and exit 0 on SIGTERM. The CPU image logs its compiled CPU kernels in use and holds no compiler; the CUDA image
+holds torch's CUDA build and the C compiler Triton needs, and logs that it serves on the CPU, finding no GPU.
 """
 
 from __future__ import annotations
@@ -32,13 +35,30 @@ ANSWER = "The capital of France is Paris."
 # runc (crun fails on setrlimit here) and explicit ulimits for the container
 BUILD_FLAGS = ("--isolation", "chroot", "--network", "host")
 RUN_FLAGS = ("--runtime", "runc", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=8192:8192")
-KERNELS_LOG = "compiled CPU kernels loaded from /opt/infer/kernels"
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the image built for one DEVICE shows when it runs here, with no GPU passed into its container."""
+
+    log: str  # a pattern its log must match
+    cuda: bool  # torch's CUDA build and a C compiler (Triton builds its driver stub with one) in the runtime
+
+
+DEVICES = {
+    "cpu": Device(log=re.escape("compiled CPU kernels loaded from /opt/infer/kernels"), cuda=False),
+    # server/app.py's on_available_device: INFER_DEVICE=cuda, no GPU seen
+    "cuda": Device(log=r"device cuda asked for, but torch \S+ finds no CUDA device.*: serving on the CPU", cuda=True),
+}
+# whether torch is a CUDA build (triton is in both images: xgrammar asks for it)
+TORCH_PROBE = "import torch, triton; print(torch.version.cuda is not None)"
 SERVING_TIMEOUT_S = 300
 STOP_TIMEOUT_S = 90
 
 
 @dataclass(frozen=True)
 class Figures:
+    device: str
     image_size_bytes: int
     build_s: float | None
     serving_s: float
@@ -48,7 +68,8 @@ class Figures:
     def report(self) -> str:
         build = f"{self.build_s:.0f} s" if self.build_s is not None else "not built (--no-build)"
         return "\n".join([
-            f"image size:             {self.image_size_bytes / 1e9:.2f} GB ({self.image_size_bytes} bytes)",
+            f"image size:             {self.image_size_bytes / 1e9:.2f} GB ({self.image_size_bytes} bytes, "
+            f"DEVICE={self.device})",
             f"build:                  {build}",
             f"time to SERVING:        {self.serving_s:.1f} s (podman run -> grpc.health.v1 SERVING)",
             f"first request (HTTP):   {self.first_request_s:.2f} s (chat completion, greedy, {ANSWER!r})",
@@ -66,13 +87,13 @@ def podman(*args: str, timeout_s: float = 120, check: bool = True) -> str:
     return host.run(["podman", *args], timeout_s=timeout_s, check=check).strip()
 
 
-def build(image: str) -> float:
-    """`make image` with podman, the flags that work here and the host's pip settings; seconds taken."""
+def build(image: str, device: str) -> float:
+    """`make image DEVICE=device` with podman, the flags that work here and the host's pip settings; seconds taken."""
     host.ensure_packages(host.PACKAGES)
     base = host.base_image()
     settings = host.PipSettings.parse(host.run([sys.executable, "-m", "pip", "config", "list"], timeout_s=60))
-    make_vars = host.image_make_vars(settings, torch_version(), BUILD_FLAGS)
-    make_vars |= {"DOCKER": "podman", "IMAGE": image, "DEVICE": "cpu"} | ({"BASE_IMAGE": base} if base else {})
+    make_vars = host.image_make_vars(settings, torch_version(), BUILD_FLAGS, device)
+    make_vars |= {"DOCKER": "podman", "IMAGE": image} | ({"BASE_IMAGE": base} if base else {})
     command = host.make_command("image", make_vars)
     print("+", " ".join(command), flush=True)
     start = time.perf_counter()
@@ -157,37 +178,42 @@ def _serve_and_ask(container: Container) -> tuple[float, float, float]:
     return serving_s, first_request_s, grpc_request_s
 
 
-def _inspect(container: Container) -> None:
-    """HEALTHCHECK passes; non-root; everything readable by that user; no compiler; the compiled kernels in use."""
+def _inspect(container: Container, device: Device) -> None:
+    """HEALTHCHECK passes; non-root; everything readable by that user; CUDA torch and a compiler only in the CUDA
+    image; the device's line in the log."""
     health = subprocess.run(["podman", "healthcheck", "run", container.name], capture_output=True, text=True)
     check(health.returncode == 0, f"podman healthcheck run: {health.stdout}{health.stderr}", container)
     check(container.exec("id", "-u") == "10001", "the server does not run as uid 10001", container)
     unreadable = container.exec("find", "/opt/infer", "/opt/venv", "!", "-readable")
     check(unreadable == "", f"unreadable by the runtime user:\n{unreadable}", container)
     compilers = container.exec("sh", "-c", "command -v gcc cc g++ c++ clang || true")
-    check(compilers == "", f"a compiler in the CPU runtime: {compilers}", container)
-    check(KERNELS_LOG in container.logs(), f"the log does not say {KERNELS_LOG!r}", container)
+    check((compilers != "") == device.cuda, f"compilers in the runtime: {compilers or 'none'}", container)
+    cuda_torch = container.exec("python", "-c", TORCH_PROBE)
+    check(cuda_torch == str(device.cuda), f"torch is a CUDA build: {cuda_torch}", container)
+    check(re.search(device.log, container.logs()) is not None, f"no line in the log matches {device.log!r}", container)
 
 
-def run_checks(image: str, build_s: float | None) -> Figures:
+def run_checks(image: str, device: str, build_s: float | None) -> Figures:
     with Container(image) as container:
         serving_s, first_request_s, grpc_request_s = _serve_and_ask(container)
-        _inspect(container)
+        _inspect(container, DEVICES[device])
         podman("kill", "--signal", "TERM", container.name)
         exit_code = podman("wait", container.name, timeout_s=STOP_TIMEOUT_S)
         check(exit_code == "0", f"exit code {exit_code} after SIGTERM", container)
     size = int(podman("image", "inspect", "--format", "{{.Size}}", image))
-    return Figures(size, build_s, serving_s, first_request_s, grpc_request_s)
+    return Figures(device, size, build_s, serving_s, first_request_s, grpc_request_s)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--image", default="infer:test-image", help="the tag to build and run")
+    parser.add_argument("--device", choices=tuple(DEVICES), default="cpu", help="the image's DEVICE build argument")
+    parser.add_argument("--image", help="the tag to build and run (infer:test-image, -cuda for the CUDA image)")
     parser.add_argument("--no-build", action="store_true", help="run an image built before")
     args = parser.parse_args(argv)
-    build_s = None if args.no_build else build(args.image)
-    figures = run_checks(args.image, build_s)
-    print(f"make test-image: {args.image} passed\n{figures.report()}")
+    image = args.image or f"infer:test-image{'-cuda' if args.device == 'cuda' else ''}"
+    build_s = None if args.no_build else build(image, args.device)
+    figures = run_checks(image, args.device, build_s)
+    print(f"make test-image: {image} passed\n{figures.report()}")
     return 0
 
 

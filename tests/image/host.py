@@ -138,13 +138,16 @@ def torch_wheels_dir(settings: PipSettings, torch_version: str) -> str | None:
     return None
 
 
-def image_make_vars(settings: PipSettings, torch_version: str, build_flags: Sequence[str]) -> dict[str, str]:
-    """`make image` variables that give the build what the host's pip has: its CA bundle, torch's wheel, its index
-    (not a `file://` index: a folder of this machine, which a build cannot reach)."""
-    make_vars: dict[str, str] = {}
+def image_make_vars(
+    settings: PipSettings, torch_version: str, build_flags: Sequence[str], device: str = "cpu"
+) -> dict[str, str]:
+    """`make image DEVICE=device` variables that give the build what the host's pip has: its CA bundle, torch's CPU
+    wheel (the CPU image's; the CUDA image's torch comes from the index), its index (not a `file://` index: a folder
+    of this machine, which a build cannot reach)."""
+    make_vars = {"DEVICE": device}
     if settings.cert and Path(settings.cert).is_file():
         make_vars["PIP_CERT"] = settings.cert
-    wheels = torch_wheels_dir(settings, torch_version)
+    wheels = torch_wheels_dir(settings, torch_version) if device == "cpu" else None
     if wheels:
         make_vars["TORCH_WHEELS"] = wheels
     flags = list(build_flags)

@@ -45,13 +45,17 @@ def test_make_image_gets_the_ca_bundle_the_wheel_and_a_reachable_index(tmp_path:
     settings = host.PipSettings(index_url="https://pypi.example/simple", find_links=(str(tmp_path),), cert=str(cert))
     make_vars = host.image_make_vars(settings, TORCH, ("--network", "host"))
     assert make_vars == {
+        "DEVICE": "cpu",
         "PIP_CERT": str(cert),
         "TORCH_WHEELS": str(tmp_path),
         "IMAGE_BUILD_FLAGS": "--network host --build-arg PIP_INDEX_URL=https://pypi.example/simple",
     }
     # a file:// index and a missing CA bundle are this machine's: the build cannot use them
     local = host.PipSettings(index_url="file:///opt/pypi/simple", cert=str(tmp_path / "missing.crt"))
-    assert host.image_make_vars(local, TORCH, ()) == {"IMAGE_BUILD_FLAGS": ""}
+    assert host.image_make_vars(local, TORCH, ()) == {"DEVICE": "cpu", "IMAGE_BUILD_FLAGS": ""}
+    # the CUDA image's torch is the index's CUDA build: never the CPU wheel of a find-links folder
+    cuda = host.image_make_vars(settings, TORCH, (), device="cuda")
+    assert cuda["DEVICE"] == "cuda" and "TORCH_WHEELS" not in cuda and cuda["PIP_CERT"] == str(cert)
 
 
 def test_the_base_is_the_dockerfiles_default() -> None:
