@@ -23,8 +23,9 @@ from infer.engine.gguf.source import GGUFSource, GGUFSourceError, find_gguf, ope
 from infer.engine.gguf.weights import GGUFWeightError, fill_model
 from infer.engine.interface import ModelInfo
 from infer.engine.model_check import ModelCheckError, check_special_ids, check_tensors, check_vocab
-from infer.engine.model_config import ModelConfig, parse_model_config
+from infer.engine.model_config import ModelConfig
 from infer.engine.models import CausalLM, Target, checkpoint_target, convert_tensor
+from infer.engine.models.registry import architecture, parse_model_config
 from infer.engine.runner import ModelRunner, kv_cache_bytes_per_block
 from infer.engine.tokenizer import ChatTemplateError, Tokenizer, TokenizerLoadError
 from infer.kernels import select_kernels
@@ -156,7 +157,7 @@ def _check_tensor_shapes(cfg: ModelConfig, files: list[Path], model_dir: Path) -
         except Exception as e:  # NOTE: safetensors raises its own SafetensorError for a bad header
             raise ModelLoadError(f"cannot read the tensors of {path}: {e}") from None
     try:
-        check_tensors(cfg, shapes)
+        check_tensors(cfg, shapes, architecture(cfg.model_type).layer_shapes(cfg))
     except ModelCheckError as e:
         raise ModelLoadError(f"{model_dir / 'config.json'}: {e}") from None
 

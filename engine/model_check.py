@@ -80,8 +80,12 @@ def _is_id(token_id: object, vocab_size: int) -> bool:
     return isinstance(token_id, int) and not isinstance(token_id, bool) and 0 <= token_id < vocab_size
 
 
-def _layer_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, str], ...]]:
-    """A layer's checkpoint tensors (after `layers.N.`): each dimension with the field it comes from."""
+LayerShapes = dict[str, tuple[tuple[int, str], ...]]  # a layer's checkpoint tensor -> (size, its field) per dim
+
+
+def layer_shapes(cfg: ModelConfig) -> LayerShapes:
+    """A layer's checkpoint tensors (after `layers.N.`) under their usual names, each dimension with the field it
+    comes from; an architecture that names or fuses them otherwise adds its own (`Architecture.layer_shapes`)."""
     hidden, inter = (cfg.hidden_size, "hidden_size"), (cfg.intermediate_size, "intermediate_size")
     q, kv = (cfg.q_size, "num_attention_heads"), (cfg.kv_size, "num_key_value_heads")
     head = (cfg.head_dim, "head_dim")
@@ -102,10 +106,14 @@ def _global_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, str], ...]]:
     return {"embed_tokens": (vocab, hidden), "lm_head": (vocab, hidden), "norm": (hidden,)}
 
 
-def check_tensors(cfg: ModelConfig, tensors: Iterable[tuple[str, str, tuple[int, ...]]]) -> None:
+def check_tensors(
+    cfg: ModelConfig, tensors: Iterable[tuple[str, str, tuple[int, ...]]], shapes: LayerShapes | None = None
+) -> None:
     """`tensors`: (checkpoint name, the name the file gives it, shape) of every tensor, read from the file's
-    header. Names this does not know are left to the weight loader, which refuses them."""
-    layer_shapes, global_shapes = _layer_shapes(cfg), _global_shapes(cfg)
+    header; `shapes`: a layer's tensors (`layer_shapes` when None). Names this does not know are left to the
+    weight loader, which refuses them."""
+    per_layer = shapes if shapes is not None else layer_shapes(cfg)
+    global_shapes = _global_shapes(cfg)
     layers: set[int] = set()
     for name, shown, shape in tensors:
         layer = _LAYER.search(name)
@@ -113,7 +121,7 @@ def check_tensors(cfg: ModelConfig, tensors: Iterable[tuple[str, str, tuple[int,
             layers.add(int(layer.group(1)))
             _require(int(layer.group(1)) < cfg.num_layers, "num_hidden_layers",
                      f"{cfg.num_layers} layers, but the file has tensor {shown!r}")  # fmt: skip
-            expected = layer_shapes.get(layer.group(2))
+            expected = per_layer.get(layer.group(2))
         else:
             found = _GLOBAL.search(name)
             expected = None if found is None else global_shapes[found.group(1)]

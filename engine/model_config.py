@@ -1,14 +1,15 @@
-"""The architecture facts a model needs, read once from a Hugging Face `config.json`."""
+"""The facts a model needs, read once from a Hugging Face `config.json`: `ModelConfig` and the readers every
+architecture shares (sizes, RoPE, the common fields). What one family reads beyond them is its own module's
+(`engine/models/<family>.py`), found by `model_type` in `engine/models/registry.py`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from infer.engine.model_check import ModelCheckError, check_config
+from infer.engine.model_check import ModelCheckError
 from infer.kernels import RopeConfig
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma3_text", "gemma3")
 # NOTE: bounds far past every real model's, so that a config that lies cannot make parsing itself allocate (a tuple
 # per layer) before its tensors are compared with it (`model_check.check_tensors`)
 SIZE_BOUNDS = {
@@ -26,7 +27,7 @@ SIZE_BOUNDS = {
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model_type: str  # llama | qwen2 | qwen3 | gemma3_text
+    model_type: str  # its architecture's own name (`Architecture.model_types[0]`)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -40,13 +41,14 @@ class ModelConfig:
     ropes: tuple[RopeConfig, ...]  # one per layer
     sliding_windows: tuple[int | None, ...]  # one per layer
     attn_scale: float
+    # layer traits (each architecture's module sets them; the shared layers read only these)
     hidden_act: str = "silu"  # silu | gelu_pytorch_tanh
-    attention_bias: bool = False
-    qk_norm: bool = False
-    sandwich_norm: bool = False  # Gemma: extra post-attention and pre/post feed-forward norms
-    embed_scale: float = 1.0
-    attn_softcap: float | None = None
-    final_softcap: float | None = None
+    attention_bias: bool = False  # q/k/v biases
+    qk_norm: bool = False  # an RMSNorm over each query and key head before RoPE
+    sandwich_norm: bool = False  # norms after attention and around the feed-forward, not one before it
+    embed_scale: float = 1.0  # token embeddings times this
+    attn_softcap: float | None = None  # attention scores through cap * tanh(s / cap)
+    final_softcap: float | None = None  # logits likewise
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
 
@@ -65,7 +67,8 @@ def _eos_ids(raw: Any) -> tuple[int, ...]:
     return tuple(raw) if isinstance(raw, list) else (int(raw),)
 
 
-def _rope(params: dict[str, Any], theta: float, rotary_dim: int, max_pos: int) -> RopeConfig:
+def rope_config(params: dict[str, Any], theta: float, rotary_dim: int, max_pos: int) -> RopeConfig:
+    """One RoPE table from its parameters (`rope_params`); `theta` where they name no base."""
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     return RopeConfig(
         theta=float(params.get("rope_theta", theta)),
@@ -78,8 +81,9 @@ def _rope(params: dict[str, Any], theta: float, rotary_dim: int, max_pos: int) -
     )
 
 
-def _rope_params(cfg: dict[str, Any], key: str | None = None) -> dict[str, Any]:
-    # transformers 5 writes `rope_parameters` (per layer type for Gemma 3); older configs `rope_scaling`
+def rope_params(cfg: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+    """The RoPE parameters of a config (of its layer type `key`, where they are given per layer type).
+    NOTE: transformers 5 writes `rope_parameters` (per layer type for Gemma 3); older configs `rope_scaling`."""
     params = cfg.get("rope_parameters") or {}
     if key is not None and key in params:
         params = params[key] or {}
@@ -113,7 +117,8 @@ def _head_dim(cfg: dict[str, Any], num_heads: int) -> int:
     return hidden // num_heads
 
 
-def _common(cfg: dict[str, Any]) -> dict[str, Any]:
+def common_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The `ModelConfig` fields every architecture reads alike (sizes, eps, special ids)."""
     num_heads = size(cfg, "num_attention_heads")
     return {
         "model_type": cfg["model_type"],
@@ -126,78 +131,6 @@ def _common(cfg: dict[str, Any]) -> dict[str, Any]:
         "head_dim": _head_dim(cfg, num_heads),
         "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
         "max_position_embeddings": size(cfg, "max_position_embeddings", 8192),
-        # Qwen2 has q/k/v biases and no `attention_bias` field
-        "attention_bias": bool(cfg.get("attention_bias", cfg["model_type"] == "qwen2")),
         "eos_token_ids": _eos_ids(cfg.get("eos_token_id")),
         "bos_token_id": cfg.get("bos_token_id"),
     }
-
-
-def _llama_like(cfg: dict[str, Any], default_tie: bool) -> ModelConfig:
-    base = _common(cfg)
-    rope = _rope(
-        _rope_params(cfg),
-        float(cfg.get("rope_theta", 10000.0)),
-        base["head_dim"],
-        base["max_position_embeddings"],
-    )
-    num_layers = base["num_layers"]
-    window = size(cfg, "sliding_window") if cfg.get("use_sliding_window") else None
-    return ModelConfig(
-        **base,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", default_tie)),
-        ropes=(rope,) * num_layers,
-        sliding_windows=(window,) * num_layers,
-        attn_scale=base["head_dim"] ** -0.5,
-        hidden_act=cfg.get("hidden_act", "silu"),
-        qk_norm=cfg["model_type"] == "qwen3",
-    )
-
-
-def _gemma3(cfg: dict[str, Any]) -> ModelConfig:
-    base = _common(cfg)
-    base["model_type"] = "gemma3_text"
-    num_layers, head_dim, max_pos = base["num_layers"], base["head_dim"], base["max_position_embeddings"]
-    pattern = int(cfg.get("sliding_window_pattern", 6))
-    layer_types = cfg.get("layer_types") or [
-        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)
-    ]
-    local = _rope(_rope_params(cfg, "sliding_attention"), cfg.get("rope_local_base_freq", 10000.0),
-                  head_dim, max_pos)  # fmt: skip
-    global_theta = cfg.get("rope_theta", 1_000_000.0)
-    global_ = _rope(_rope_params(cfg, "full_attention"), global_theta, head_dim, max_pos)
-    is_sliding = [t == "sliding_attention" for t in layer_types]
-    return ModelConfig(
-        **base,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-        ropes=tuple(local if s else global_ for s in is_sliding),
-        sliding_windows=tuple(size(cfg, "sliding_window") if s else None for s in is_sliding),
-        attn_scale=float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5,
-        hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh",
-        qk_norm=True,
-        sandwich_norm=True,
-        embed_scale=float(base["hidden_size"]) ** 0.5,
-        attn_softcap=cfg.get("attn_logit_softcapping"),
-        final_softcap=cfg.get("final_logit_softcapping"),
-    )
-
-
-def parse_model_config(cfg: dict[str, Any]) -> ModelConfig:
-    """Build a ModelConfig from a parsed `config.json`; ValueError for what we cannot serve (`ModelCheckError`,
-    naming the field, for sizes past their bounds or a config that contradicts itself: `model_check.py`)."""
-    model_type = cfg.get("model_type")
-    if model_type == "gemma3":
-        # multimodal Gemma 3: serve its text model
-        cfg = {**cfg["text_config"], "model_type": "gemma3_text"}
-        model_type = "gemma3_text"
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        supported = ", ".join(SUPPORTED_MODEL_TYPES)
-        raise ValueError(f"unsupported model_type {model_type!r} in config.json (supported: {supported})")
-    try:
-        parsed = _gemma3(cfg) if model_type == "gemma3_text" else _llama_like(cfg, default_tie=False)
-    except KeyError as e:
-        raise ValueError(f"config.json is missing required field {e.args[0]!r}") from None
-    except (TypeError, ArithmeticError) as e:  # a value of the wrong kind (a list, null, a negative query scale)
-        raise ValueError(f"config.json holds a value that cannot be used: {e}") from None
-    check_config(parsed)
-    return parsed

@@ -19,7 +19,9 @@ from typing import Any
 from infer.engine.gguf.config import GGUFConfigError, architecture, hf_config
 from infer.engine.gguf.weights import FileTensor, GGUFWeightError, hf_name
 from infer.engine.model_check import ModelCheckError, check_tensors
-from infer.engine.model_config import SIZE_BOUNDS, ModelConfig, parse_model_config
+from infer.engine.model_config import SIZE_BOUNDS, ModelConfig
+from infer.engine.models.registry import architecture as family
+from infer.engine.models.registry import parse_model_config
 
 # `<arch>.` keys that are whole numbers -> the bound of each (`model_config.SIZE_BOUNDS`: checked here too, before
 # `config.py` builds a list per layer)
@@ -68,7 +70,8 @@ def checked_config(meta: Mapping[str, Any], tensors: Sequence[FileTensor]) -> Mo
     has_output = any(t.name == "output.weight" for t in tensors)
     try:
         cfg = parse_model_config(hf_config(meta, embedding.shape[0], has_output))
-        check_tensors(cfg, [(_checkpoint_name(arch, t.name), t.name, t.shape) for t in tensors])
+        shapes = family(cfg.model_type).layer_shapes(cfg)
+        check_tensors(cfg, [(_checkpoint_name(arch, t.name), t.name, t.shape) for t in tensors], shapes)
     except ModelCheckError as e:
         raise GGUFConfigError(f"{file_key(arch, e.field)}: {e.detail}") from None
     except (TypeError, ValueError, ArithmeticError) as e:

@@ -1,9 +1,10 @@
 """A GGUF file's hyperparameters as a `ModelConfig`: the `<arch>.*` metadata keys, read as llama.cpp reads them.
 
 The metadata is turned into the fields of a Hugging Face `config.json` and parsed by the same code as one, so a
-GGUF file and the directory transformers would convert it to give the same `ModelConfig`. Facts that llama.cpp
-keeps in code rather than in the file are filled in as it does: Gemma 3's sliding-window pattern (every sixth
-layer global), its local RoPE base (10,000) and its query scale (1/sqrt(head_dim)).
+GGUF file and the directory transformers would convert it to give the same `ModelConfig`. The keys every
+architecture shares are read here; the rest by the file's architecture (`Architecture.gguf_fields`, found by
+`general.architecture` in `engine/models/registry.py`), which fills in, as llama.cpp does, the facts llama.cpp
+keeps in code rather than in the file.
 """
 
 from __future__ import annotations
@@ -11,12 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from infer.engine.model_config import ModelConfig, parse_model_config
+from infer.engine.model_config import ModelConfig
+from infer.engine.models.architecture import Architecture, short_float
+from infer.engine.models.registry import SUPPORTED_GGUF_NAMES, gguf_architecture, parse_model_config
 
-# llama.cpp's architecture name -> our model_type
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
-GEMMA3_SLIDING_PATTERN = 6  # llama.cpp: every sixth Gemma 3 layer attends globally
-GEMMA3_LOCAL_ROPE_BASE = 10000.0
 # end-of-generation: the ids the file names, and tokens by their text (as llama.cpp's llama-vocab.cpp finds them)
 EOG_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id", "fim_pad_token_id", "fim_rep_token_id", "fim_sep_token_id")
 EOG_TEXTS = frozenset({
@@ -34,17 +33,19 @@ class GGUFConfigError(ValueError):
     """The metadata does not describe a model we serve; the message names the field."""
 
 
-def short_float(value: float) -> float:
-    """GGUF stores float32: 1e-6 reads back as 9.99999997e-07; keep the digits float32 actually has."""
-    return float(f"{float(value):.7g}")
+def family(meta: Mapping[str, Any]) -> Architecture:
+    """The model family `general.architecture` names; GGUFConfigError for one we do not serve."""
+    arch = meta.get("general.architecture")
+    found = gguf_architecture(arch)
+    if found is None:
+        supported = ", ".join(SUPPORTED_GGUF_NAMES)
+        raise GGUFConfigError(f"general.architecture: unsupported {arch!r} (supported: {supported})")
+    return found
 
 
 def architecture(meta: Mapping[str, Any]) -> str:
-    arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        supported = ", ".join(ARCHITECTURES)
-        raise GGUFConfigError(f"general.architecture: unsupported {arch!r} (supported: {supported})")
-    return str(arch)
+    """`general.architecture`, a family we serve (`family`)."""
+    return family(meta).gguf_name
 
 
 def _field(meta: Mapping[str, Any], key: str) -> Any:
@@ -56,7 +57,8 @@ def _field(meta: Mapping[str, Any], key: str) -> Any:
 def hf_config(meta: Mapping[str, Any], vocab_size: int, has_output: bool) -> dict[str, Any]:
     """The `config.json` fields transformers would write for this file. `vocab_size`: rows of the token
     embedding; `has_output`: whether the file has its own `output.weight` (else the embedding is tied)."""
-    arch = architecture(meta)
+    kind = family(meta)
+    arch = kind.gguf_name
 
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default) if default is not None else _field(meta, f"{arch}.{key}")
@@ -66,7 +68,7 @@ def hf_config(meta: Mapping[str, Any], vocab_size: int, has_output: bool) -> dic
     head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // num_heads)
     rope_theta = short_float(get("rope.freq_base", 10000.0))
     cfg: dict[str, Any] = {
-        "model_type": ARCHITECTURES[arch],
+        "model_type": kind.model_types[0],
         "vocab_size": vocab_size,
         "hidden_size": hidden,
         "intermediate_size": int(get("feed_forward_length")),
@@ -84,8 +86,7 @@ def hf_config(meta: Mapping[str, Any], vocab_size: int, has_output: bool) -> dic
     scaling = _rope_scaling(meta, arch)
     if scaling:
         cfg["rope_scaling"] = scaling
-    if arch == "gemma3":
-        cfg.update(_gemma3(meta, cfg))
+    cfg.update(kind.gguf_fields(meta, cfg))
     return cfg
 
 
@@ -97,36 +98,6 @@ def _rope_scaling(meta: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if kind != "linear":
         raise GGUFConfigError(f"{arch}.rope.scaling.type: unsupported {kind!r} (supported: linear)")
     return {"rope_type": "linear", "factor": short_float(factor)}
-
-
-def _sliding_layers(meta: Mapping[str, Any], num_layers: int) -> list[bool]:
-    """Which layers attend in a window: `gemma3.attention.sliding_window_pattern` (a period, or a flag per
-    layer) where the file has it, else llama.cpp's period of six."""
-    pattern = meta.get("gemma3.attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
-    if isinstance(pattern, list):
-        if len(pattern) != num_layers:
-            raise GGUFConfigError(f"gemma3.attention.sliding_window_pattern: {len(pattern)} flags, {num_layers} layers")
-        return [bool(p) for p in pattern]
-    return [(i + 1) % int(pattern) != 0 for i in range(num_layers)]
-
-
-def _gemma3(meta: Mapping[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    sliding = _sliding_layers(meta, cfg["num_hidden_layers"])
-    layer_types = ["sliding_attention" if s else "full_attention" for s in sliding]
-    global_rope = {"rope_type": "default", "rope_theta": cfg["rope_theta"], **cfg.pop("rope_scaling", {})}
-    local_base = short_float(meta.get("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))
-    return {
-        "sliding_window": int(_field(meta, "gemma3.attention.sliding_window")),
-        "layer_types": layer_types,
-        "query_pre_attn_scalar": cfg["head_dim"],
-        "rope_parameters": {
-            "full_attention": global_rope,
-            "sliding_attention": {"rope_type": "default", "rope_theta": local_base},
-        },
-        "hidden_activation": "gelu_pytorch_tanh",
-        "attn_logit_softcapping": meta.get("gemma3.attn_logit_softcapping"),
-        "final_logit_softcapping": meta.get("gemma3.final_logit_softcapping"),
-    }
 
 
 def eos_token_ids(meta: Mapping[str, Any]) -> list[int]:

@@ -4,8 +4,9 @@ The result matches transformers' own conversion (`AutoTokenizer.from_pretrained(
 - `tokenizer.ggml.model == "gpt2"`: byte-level BPE from the tokens and merges, split by `tokenizer.ggml.pre`
   (engine/gguf/pretokenizers.py); a token outside the byte alphabet is respelled as its UTF-8 bytes.
 - `"llama"` (SentencePiece): BPE with byte fallback, its merges rebuilt from the scores when the file has none.
-  Gemma files split no words and add no prefix space, and their merge order is the token order; phi3 files
-  prepend "▁" in a normalizer; others use Metaspace, with a prefix space unless `add_space_prefix` is false.
+  How it splits is the file's architecture's (`Architecture.gguf_sentencepiece`): Gemma files split no words and
+  add no prefix space, and their merge order is the token order; phi3 files prepend "▁" in a normalizer; others
+  use Metaspace, with a prefix space unless `add_space_prefix` is false.
 - Control tokens (type 3) are special added tokens, user-defined ones (type 4) plain added tokens: never split.
 - BOS/EOS are added per `add_bos_token` / `add_eos_token` (BOS by default for SentencePiece, like llama.cpp).
 """
@@ -26,11 +27,11 @@ from tokenizers import Tokenizer as BackendTokenizer
 from infer.engine.gguf.config import eos_token_ids
 from infer.engine.gguf.merge_cache import cached_merges
 from infer.engine.gguf.pretokenizers import KNOWN_NAMES, byte_level_pre_tokenizer
+from infer.engine.models.registry import gguf_architecture
 from infer.engine.tokenizer import Tokenizer, TokenizerLoadError
 
 KEY = "tokenizer.ggml."
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
-GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
 # template variable -> the key of its token id
 SPECIAL_TOKEN_KEYS = {
     "bos_token": "bos_token_id", "eos_token": "eos_token_id",
@@ -100,10 +101,12 @@ def _backend(vocab: GGUFVocab, meta: Mapping[str, Any]) -> BackendTokenizer:
         raise _error(vocab.source, "model", f"{vocab.model!r} is not supported (gpt2 and llama are)")
     unk_id = vocab.token_ids.get("unknown_token_id")
     unk = vocab.tokens[unk_id] if unk_id is not None else "<unk>"
-    if meta.get("general.architecture") in GEMMA_ARCHS:
+    family = gguf_architecture(meta.get("general.architecture"))
+    style = family.gguf_sentencepiece if family is not None else "metaspace"
+    if style == "whole":
         return _gemma_bpe(vocab, unk)
     prefix_space = bool(meta.get(KEY + "add_space_prefix", True))
-    return _sentencepiece_bpe(vocab, unk, prefix_space, meta.get("general.architecture") == "phi3")
+    return _sentencepiece_bpe(vocab, unk, prefix_space, style == "prepend")
 
 
 # --- byte-level BPE (gpt2)

@@ -11,8 +11,9 @@
 - a quantized token embedding stays packed (rows dequantized per step); a tied LM head reads the same table.
 With `keep=False` every tensor is dequantized to float parameters instead (`--quantization none`, int8, int4).
 
-llama.cpp interleaves the two rotary halves of each head's q and k rows for the `llama` architecture only;
-those rows are put back in Hugging Face order (a row permutation: codes and scales move with their rows).
+The tensor names are the file's architecture's (`Architecture.gguf_layer_names`); where llama.cpp interleaves
+the two rotary halves of each head's q and k rows (`gguf_interleaved_qk`: the `llama` architecture), those rows
+are put back in Hugging Face order (a row permutation: codes and scales move with their rows).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gguf import GGMLQuantizationType
 
 from infer.engine.gguf.quants import EXACT_TYPES, Grouped, decode, float_tensor, form, is_float
 from infer.engine.models import CausalLM, Linear, Target, checkpoint_target
+from infer.engine.models.registry import gguf_architecture
 from infer.kernels import (
     BlockPlan,
     BlockRows,
@@ -52,24 +54,6 @@ logger = logging.getLogger(__name__)
 
 SUPER_BLOCK = 256  # inputs a K-quant super-block scale covers
 
-# GGUF per-layer tensor names -> Hugging Face module names (after `model.layers.N.`)
-_LAYER = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "post_attention_norm": "post_attention_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-}
-# Gemma 3's four norms: llama.cpp's `ffn_norm` is the one before the feed-forward
-_GEMMA3_LAYER = {**_LAYER, "ffn_norm": "pre_feedforward_layernorm"}
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -121,7 +105,8 @@ def hf_name(arch: str, name: str) -> str:
     """The Hugging Face checkpoint name of GGUF tensor `name`; GGUFWeightError for one we do not know."""
     stem, _, suffix = name.rpartition(".")
     parts = stem.split(".")
-    layer_names = _GEMMA3_LAYER if arch == "gemma3" else _LAYER
+    family = gguf_architecture(arch)
+    layer_names = family.gguf_layer_names if family is not None else {}
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_names:
         return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"
     if stem in _GLOBAL:
@@ -136,7 +121,8 @@ def _unpermute(rows: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def _permuted_heads(model: CausalLM, arch: str, hf: str) -> int | None:
-    if arch != "llama":
+    family = gguf_architecture(arch)
+    if family is None or not family.gguf_interleaved_qk:
         return None
     if hf.endswith("self_attn.q_proj.weight"):
         return model.cfg.num_heads

@@ -1,8 +1,8 @@
 """Checkpoint names to our parameters: renaming and fusing done once, at load time.
 
-Llama and Qwen3 checkpoints map one to one except that q/k/v and gate/up
-projections are fused into one matrix each. Gemma 3 also stores its RMSNorm
-weights as offsets from 1 and may nest the text model under `language_model`.
+Which checkpoint modules land in rows of which of our projections, and how a tensor's values convert, is the
+model's architecture's (`Architecture.checkpoint_modules`, `.convert`); the names around them are shared (a
+multimodal checkpoint may nest the text model under `language_model`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from infer.engine.model_config import ModelConfig
+from infer.engine.models.registry import architecture
 
 
 @dataclass(frozen=True)
@@ -36,25 +37,13 @@ def _strip_prefix(name: str) -> str:
     return name.removeprefix("language_model.")
 
 
-# checkpoint modules stored as rows of one of our fused projections: (our module, first row, number of rows)
-def _fused_rows(cfg: ModelConfig) -> dict[str, tuple[str, int, int]]:
-    q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    return {
-        "self_attn.q_proj": ("self_attn.qkv_proj", 0, q),
-        "self_attn.k_proj": ("self_attn.qkv_proj", q, kv),
-        "self_attn.v_proj": ("self_attn.qkv_proj", q + kv, kv),
-        "mlp.gate_proj": ("mlp.gate_up_proj", 0, inter),
-        "mlp.up_proj": ("mlp.gate_up_proj", inter, inter),
-    }
-
-
 def _layer_target(cfg: ModelConfig, layer: str, rest: str) -> Target | None:
     module, _, kind = rest.rpartition(".")  # e.g. self_attn.q_proj, weight
-    fused = _fused_rows(cfg).get(module)
-    if fused is not None:
-        param, start, rows = fused
+    ours = architecture(cfg.model_type).checkpoint_modules(cfg).get(module)
+    if ours is not None:
+        param, start, rows = ours
         return Target(f"layers.{layer}.{param}.{kind}", start, rows)
-    if module in ("self_attn.o_proj", "mlp.down_proj") or rest.endswith("norm.weight"):
+    if rest.endswith("norm.weight"):
         return Target(f"layers.{layer}.{rest}")
     return None
 
@@ -80,7 +69,4 @@ def checkpoint_target(cfg: ModelConfig, name: str) -> Target | None:
 
 def convert_tensor(cfg: ModelConfig, target: Target, tensor: torch.Tensor) -> torch.Tensor:
     """Per-architecture value conversion, applied once at load."""
-    if cfg.model_type == "gemma3_text" and target.param.endswith("norm.weight"):
-        # Gemma scales by (1 + weight); store the sum so one RMSNorm serves all models
-        return tensor.float() + 1.0
-    return tensor
+    return architecture(cfg.model_type).convert(target.param, tensor)

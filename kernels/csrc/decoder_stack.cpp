@@ -7,6 +7,8 @@
 // order with the same arguments, so the result is bit-identical to the per-op path for any rows (decode
 // tokens and prefill chunks alike). Linear layers go through one entry, `linear`, that switches on the
 // weight's format (kernels/packed.py: a format's `format_id` and `fused_args`); a new format is one more case.
+// It knows no model family, only traits: sandwich norms or not, gelu or silu, q/k norms and a qkv bias where a
+// layer has them, and each layer's attention scale, soft-cap, window and RoPE table.
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -56,8 +58,8 @@ at::Tensor linear(const at::Tensor& x, const Linear& w) {
 
 struct Layer {
   at::Tensor input_norm, post_attention_norm;
-  at::Tensor q_norm, k_norm;                 // Qwen3; undefined elsewhere
-  at::Tensor pre_ffn_norm, post_ffn_norm;    // Gemma 3's sandwich; undefined elsewhere
+  at::Tensor q_norm, k_norm;                 // per-head norms before RoPE; undefined where the model has none
+  at::Tensor pre_ffn_norm, post_ffn_norm;    // the sandwich's norms around the MLP; undefined without one
   Linear qkv, o, gate_up, down;
   double scale = 1.0, softcap = 0.0;         // softcap 0: off
   int64_t window = 0, rope = 0;              // window 0: global; rope: the layer's cos/sin table
@@ -168,7 +170,7 @@ class DecoderStack : public torch::CustomClassHolder {
     }
     const at::Tensor o = linear(attn.reshape({-1, q_size}), L.o);
     if (!sandwich_) {
-      // pre-norm (Llama, Qwen3)
+      // pre-norm: one norm before the MLP, fused with the residual add
       at::Tensor normed, h;
       {
         KERNEL_EVENT("fused_add_rms_norm");
@@ -176,7 +178,7 @@ class DecoderStack : public torch::CustomClassHolder {
       }
       return at::add(h, mlp(L, normed));
     }
-    // sandwich norms (Gemma 3)
+    // sandwich norms: after attention, and before and after the MLP
     const at::Tensor residual = at::add(x, norm(o, L.post_attention_norm, eps_));
     return at::add(residual, norm(mlp(L, norm(residual, L.pre_ffn_norm, eps_)), L.post_ffn_norm, eps_));
   }

@@ -14,7 +14,7 @@ import pytest
 from infer.engine.config import EngineConfig
 from infer.engine.loader import ModelLoadError, load_engine, load_model
 from infer.engine.model_check import ModelCheckError, check_tensors
-from infer.engine.model_config import parse_model_config
+from infer.engine.models.registry import parse_model_config
 
 LLAMA: dict[str, Any] = {
     "model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,

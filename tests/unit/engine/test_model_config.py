@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from infer.engine.model_config import parse_model_config
+from infer.engine.models.registry import parse_model_config
 
 LLAMA: dict[str, Any] = {
     "model_type": "llama",

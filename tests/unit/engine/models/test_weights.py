@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from infer.engine.model_config import parse_model_config
 from infer.engine.models import Target, checkpoint_target
+from infer.engine.models.registry import parse_model_config
 
 LLAMA = parse_model_config(
     {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
