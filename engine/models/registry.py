@@ -12,10 +12,11 @@ from infer.engine.model_config import ModelConfig
 from infer.engine.models.architecture import Architecture
 from infer.engine.models.gemma3 import Gemma3
 from infer.engine.models.llama import Llama
+from infer.engine.models.phi3 import Phi3
 from infer.engine.models.qwen2 import Qwen2
 from infer.engine.models.qwen3 import Qwen3
 
-ARCHITECTURES: tuple[Architecture, ...] = (Llama(), Qwen2(), Qwen3(), Gemma3())
+ARCHITECTURES: tuple[Architecture, ...] = (Llama(), Qwen2(), Qwen3(), Gemma3(), Phi3())
 _BY_MODEL_TYPE = {model_type: arch for arch in ARCHITECTURES for model_type in arch.model_types}
 _BY_GGUF_NAME = {arch.gguf_name: arch for arch in ARCHITECTURES}
 SUPPORTED_MODEL_TYPES = tuple(_BY_MODEL_TYPE)

@@ -1,5 +1,6 @@
 """Tiny random GGUF files of each architecture, written with the `gguf` package as llama.cpp's converter lays
-them out (q/k rows interleaved for llama, Gemma's norms stored as 1 + w), each weight in a chosen tensor type.
+them out (q/k rows interleaved for llama, Gemma's norms stored as 1 + w, Phi-3's q/k/v and gate/up fused), each
+weight in a chosen tensor type.
 
 K-quant blocks cannot be made by `gguf.quants.quantize`: they are random blocks (every code and sub-block scale
 pattern) with small fp16 super-block scales. transformers reading the same file is the reference."""
@@ -19,6 +20,7 @@ T_NAMES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K",
 # every type somewhere: a layer's projections in these types, the next layer rotated by one
 LAYER_TYPES = ("Q8_0", "Q5_0", "Q4_K", "Q6_K", "Q4_0", "Q5_K", "Q4_1", "Q5_1", "F16", "Q3_K", "Q2_K", "BF16")
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+FUSED_PROJECTIONS = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # phi3
 # offsets of the fp16 super-block scales in each K-quant block, and its size
 _K_BLOCKS = {"Q2_K": ((80, 82), 84), "Q3_K": ((108,), 110), "Q4_K": ((0, 2), 144), "Q5_K": ((0, 2), 176),
              "Q6_K": ((208,), 210), "IQ4_NL": ((0,), 18)}  # fmt: skip
@@ -64,7 +66,7 @@ def write_tiny_gguf(
     tied: bool = True,
     seed: int = 0,
 ) -> Path:
-    """A random `arch` model (llama, qwen2, qwen3, gemma3) in one GGUF file, with a byte-level gpt2 vocabulary of
+    """A random `arch` model (llama, qwen2, qwen3, gemma3, phi3) in one GGUF file, with a byte-level gpt2 vocabulary of
     `VOCAB` tokens (no merges beyond single bytes) so that it loads as a whole model."""
     import gguf
 
@@ -81,18 +83,25 @@ def write_tiny_gguf(
     writer.add_value_length(head_dim)
     writer.add_rope_freq_base(10000.0 if arch == "llama" else 1e6)
     writer.add_layer_norm_rms_eps(1e-6)
-    if arch == "gemma3":
+    if arch in ("gemma3", "phi3"):  # NOTE: llama.cpp (and transformers) apply no window to a phi3 file
         writer.add_sliding_window(8)
+    if arch == "phi3":
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_pad_token_id(VOCAB - 1)  # NOTE: transformers' Phi-3 default (32000) is past this vocabulary
     _add_vocab(writer)
     shapes = {
         "attn_q": (HEADS * head_dim, HIDDEN), "attn_k": (KV_HEADS * head_dim, HIDDEN),
         "attn_v": (KV_HEADS * head_dim, HIDDEN), "attn_output": (HIDDEN, HEADS * head_dim),
         "ffn_gate": (INTERMEDIATE, HIDDEN), "ffn_up": (INTERMEDIATE, HIDDEN), "ffn_down": (HIDDEN, INTERMEDIATE),
     }  # fmt: skip
+    projections = PROJECTIONS
+    if arch == "phi3":
+        shapes |= {"attn_qkv": ((HEADS + 2 * KV_HEADS) * head_dim, HIDDEN), "ffn_up": (2 * INTERMEDIATE, HIDDEN)}
+        projections = FUSED_PROJECTIONS
     norm_shift = 1.0 if arch == "gemma3" else 0.0  # NOTE: llama.cpp stores Gemma's norms as 1 + w
     norms = ["attn_norm", "ffn_norm"] + (["post_attention_norm", "post_ffw_norm"] if arch == "gemma3" else [])
     for i in range(num_layers):
-        for j, proj in enumerate(PROJECTIONS):
+        for j, proj in enumerate(projections):
             w = rng.normal(0.0, 0.05, shapes[proj]).astype(np.float32)
             if arch == "llama" and proj in ("attn_q", "attn_k"):
                 w = _interleave(w, HEADS if proj == "attn_q" else KV_HEADS)

@@ -1,4 +1,4 @@
-"""Tiny random Llama, Qwen2, Qwen3 and Gemma 3 checkpoints made with transformers, for reference tests."""
+"""Tiny random Llama, Qwen2, Qwen3, Gemma 3 and Phi-3 checkpoints made with transformers, for reference tests."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 VOCAB = 128
 SERVABLE_VOCAB = 320  # the tokenizer's: 256 bytes, 3 specials, merges
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 
 
 def _config(arch: str, **overrides: Any) -> Any:
@@ -37,6 +37,9 @@ def _config(arch: str, **overrides: Any) -> Any:
             **common, head_dim=16, sliding_window=12, layer_types=layer_types, query_pre_attn_scalar=24,
             final_logit_softcapping=30.0,
         )  # fmt: skip
+    if arch == "phi3":  # fused q/k/v and gate/up in the checkpoint, RoPE over half of each head, a window
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        return tf.Phi3Config(**common, rope_parameters=rope, sliding_window=12, tie_word_embeddings=False)
     raise ValueError(arch)
 
 

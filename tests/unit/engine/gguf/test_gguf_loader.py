@@ -19,7 +19,7 @@ from infer.engine.runner import ModelRunner, SeqWork
 from infer.kernels import Int4Weight, Int8GroupWeight, PackedWeight
 from tests.helpers.tiny_gguf import write_tiny_gguf
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 PROMPT = torch.randint(0, 255, (40,), generator=torch.Generator().manual_seed(0)).tolist()
 
 
@@ -74,14 +74,21 @@ def _reference_weight(reference: Any, name: str) -> torch.Tensor:
     return reference.state_dict()[f"model.{name}"].float()
 
 
+def _reference_fused(reference: Any, prefix: str, fused: str, parts: list[str]) -> torch.Tensor:
+    """A fused projection of transformers' model: its own (Phi-3's `qkv_proj`), else its parts stacked."""
+    if f"model.{prefix}{fused}.weight" in reference.state_dict():
+        return _reference_weight(reference, f"{prefix}{fused}.weight")
+    return torch.cat([_reference_weight(reference, f"{prefix}{p}.weight") for p in parts])
+
+
 def test_packed_weights_are_the_files_values_exactly(gguf_file: tuple[str, Path], reference: Any) -> None:
     """No second rounding: every kept weight dequantizes to exactly what transformers read from the file."""
     model = _load(gguf_file[1], "auto")
     for i, layer in enumerate(model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         prefix = f"layers.{i}."
-        qkv = torch.cat([_reference_weight(reference, f"{prefix}self_attn.{p}_proj.weight") for p in "qkv"])
-        gate_up = torch.cat([_reference_weight(reference, f"{prefix}mlp.{p}_proj.weight") for p in ("gate", "up")])
+        qkv = _reference_fused(reference, prefix, "self_attn.qkv_proj", [f"self_attn.{p}_proj" for p in "qkv"])
+        gate_up = _reference_fused(reference, prefix, "mlp.gate_up_proj", ["mlp.gate_proj", "mlp.up_proj"])
         o = _reference_weight(reference, f"{prefix}self_attn.o_proj.weight")
         down = _reference_weight(reference, f"{prefix}mlp.down_proj.weight")
         pairs = [(attn.qkv_proj.weight, qkv), (attn.o_proj.weight, o), (mlp.gate_up_proj.weight, gate_up),

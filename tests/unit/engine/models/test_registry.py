@@ -37,7 +37,7 @@ def test_every_family_is_found_by_its_names() -> None:
         assert gguf_architecture(arch.gguf_name) is arch
     assert len(SUPPORTED_MODEL_TYPES) == sum(len(a.model_types) for a in ARCHITECTURES)  # no name twice
     assert len(SUPPORTED_GGUF_NAMES) == len(ARCHITECTURES)
-    assert {"llama", "qwen2", "qwen3", "gemma3_text"} <= set(SUPPORTED_MODEL_TYPES)
+    assert {"llama", "qwen2", "qwen3", "gemma3_text", "phi3"} <= set(SUPPORTED_MODEL_TYPES)
 
 
 def test_an_unknown_family_is_refused_by_name() -> None:
@@ -54,11 +54,12 @@ def test_a_config_is_read_by_its_own_family() -> None:
             "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
     traits = {
         t: parse_model_config({**base, "model_type": t, "sliding_window": 8, "head_dim": 16})
-        for t in ("llama", "qwen2", "qwen3", "gemma3_text")
+        for t in ("llama", "qwen2", "qwen3", "gemma3_text", "phi3")
     }
     assert [t for t, c in traits.items() if c.attention_bias] == ["qwen2"]
     assert [t for t, c in traits.items() if c.qk_norm] == ["qwen3", "gemma3_text"]
     assert [t for t, c in traits.items() if c.sandwich_norm] == ["gemma3_text"]
+    assert [t for t, c in traits.items() if set(c.sliding_windows) == {8}] == ["phi3"]  # Gemma 3: a sixth global
     assert all(c.model_type == t for t, c in traits.items())
 
 
