@@ -170,7 +170,7 @@ bench-precision: $(DEV_STAMP) kernels
 profile-step: $(DEV_STAMP) kernels
 	$(BIN)/python benchmarks/profile_step.py $(ARGS)
 
-# the image: `make image` (CPU, infer:<version>, ~2 GB) or `make image DEVICE=cuda` (infer:<version>-cuda, ~6.4 GB:
+# the image: `make image` (CPU, infer:<version>, ~2.8 GB) or `make image DEVICE=cuda` (infer:<version>-cuda, ~6.4 GB:
 # torch's CUDA build and triton from the package index; docs/deployment.md#the-cuda-image), built with
 # docker when its daemon answers, else podman. BASE_IMAGE=NAME: another base; TORCH_WHEELS=DIR: torch's CPU wheel
 # from DIR, or TORCH_INDEX_URL=URL: from another index (a network without the PyTorch index); PIP_CERT=FILE (pip's
