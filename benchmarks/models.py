@@ -167,7 +167,7 @@ def chunked_perplexity(llm: Any, ids: list[int], ctx: int) -> float:
     add_bos, first, nll, count = bos is not None and ids[0] == bos, ctx // 2, 0.0, 0
     for start in range(0, len(ids) // ctx * ctx, ctx):
         chunk = [bos if add_bos and i == 0 else t for i, t in enumerate(ids[start : start + ctx])]
-        step, _ = runner.prepare([SeqWork(chunk, 0, list(range(-(-ctx // runner.block_size))), True)])
+        step = runner.prepare([SeqWork(chunk, 0, list(range(-(-ctx // runner.block_size))), True)]).step
         logits = runner.model.compute_logits(runner.model(step))  # [ctx, vocab] fp32
         targets = torch.tensor(chunk[first + 1 :])
         nll += float(torch.nn.functional.cross_entropy(logits[first:-1], targets, reduction="sum"))

@@ -69,7 +69,7 @@ def perplexity(llm: LLM, ids: list[int]) -> float:
     """exp(mean next-token NLL) of `ids`, one prefill over the whole text."""
     runner: ModelRunner = llm.core.runner
     num_blocks = -(-len(ids) // runner.block_size)
-    step, _ = runner.prepare([SeqWork(ids, 0, list(range(num_blocks)), True)])
+    step = runner.prepare([SeqWork(ids, 0, list(range(num_blocks)), True)]).step
     logits = runner.model.compute_logits(runner.model(step))  # [n, vocab] fp32
     nll = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:]))
     return math.exp(float(nll))

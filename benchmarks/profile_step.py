@@ -43,7 +43,7 @@ from infer.engine.default_model import default_model_dir
 from infer.engine.loader import load_model
 from infer.engine.models import CausalLM
 from infer.engine.runner import ModelRunner, SeqWork
-from infer.engine.sampler import Sampler, SamplingRow
+from infer.engine.sampler import SamplingBatch, SamplingRow
 from infer.engine.sampling_params import SamplingParams
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "profile.md"
@@ -139,11 +139,10 @@ def fused(model: CausalLM, on: bool) -> Iterator[None]:
 def measure(model: CausalLM, batch: int, steps: int, threads: int) -> Figures:
     runner = ModelRunner(model, num_blocks=batch * (CONTEXT // 16 + 1), block_size=16)
     work = decode_work(batch, 16)
-    sampler = Sampler(0, runner.device)
-    rows = [SamplingRow(SamplingParams(temperature=0.0), [1], [], None) for _ in range(batch)]
+    rows = SamplingBatch([SamplingRow(SamplingParams(temperature=0.0), [1], [], None) for _ in range(batch)])
 
     def step() -> None:
-        sampler(runner.execute(work), rows)
+        runner.step(work, rows)
 
     for _ in range(3):
         step()  # warm-up: workspaces, first-call loading

@@ -10,7 +10,7 @@ import torch
 
 from infer.engine.chat_template import DEFAULT_TIMEOUT_S
 from infer.engine.policies import POLICIES
-from infer.engine.speculative import MAX_SPECULATIVE_TOKENS
+from infer.engine.speculation.state import MAX_SPECULATIVE_TOKENS
 from infer.engine.structured import DEFAULT_COMPILE_BUDGET_S, DEFAULT_MAX_PENDING_GRAMMARS
 from infer.engine.validation import check
 from infer.kernels import BACKENDS

@@ -1,7 +1,8 @@
-"""EngineCore: the step loop. Schedule, run one forward pass, sample (and verify drafts), then postprocess.
+"""EngineCore: the step loop. Schedule, run one forward pass and sample it, verify drafts, then postprocess.
 
-Each of those is one owner's call: the `Scheduler` (the request table), the `Runner` (the forward pass), the
-`Verifier` (sampler.py: the sampler over every row, the grammar bitmask, draft acceptance), the
+Each of those is one owner's call: the `Scheduler` (the request table), the `Runner` (the forward pass and
+its sampling on the model's device: the core gets token ids, never logits), the `Verifier` (sampler.py: the
+step's sampling rows with the grammar bitmask, then draft acceptance), the
 `OutputProcessor` (grammar accept, detokenizing, stops, the deltas). The core holds the glue: requests and
 aborts arrive through a thread-safe inbox and are taken in at the start of a step, outputs leave through
 each request's sink, and after each step it publishes a snapshot (`EngineStats`) that other threads read
@@ -27,10 +28,12 @@ from infer.engine.interface import ModelInfo
 from infer.engine.output_processor import Delta, OutputProcessor, Tokens
 from infer.engine.request import FinishReason, LiveRequest, Sink
 from infer.engine.runner import SeqWork
-from infer.engine.sampler import Sampled, Sampler, Verifier
+from infer.engine.sampler import SamplerOutput, SamplingBatch
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
-from infer.engine.speculative import NgramDraft, SpecState, Speculator
+from infer.engine.speculation.ngram import NgramProposer
+from infer.engine.speculation.speculator import Speculator
+from infer.engine.speculation.verifier import Sampled, Verifier
 from infer.engine.stats import EngineStats, StepCounters, StepRecord
 from infer.engine.structured import Constraint, GrammarCompiler
 from infer.engine.structured.manager import StructuredOutputs
@@ -47,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
-    """Runs one forward pass over a step's work (`ModelRunner`, or a fake in tests)."""
+    """Runs one forward pass over a step's work and samples it (`ModelRunner`, or a fake in tests)."""
 
     @property
     def num_blocks(self) -> int: ...  # KV blocks the runner's cache holds
@@ -55,8 +58,8 @@ class Runner(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    def execute(self, work: Sequence[SeqWork]) -> torch.Tensor:  # [num_sampling, vocab] fp32
-        """Logits for the requests whose `needs_logits` is set, in order."""
+    def step(self, work: Sequence[SeqWork], batch: SamplingBatch) -> SamplerOutput:
+        """The tokens sampled for the requests whose `needs_logits` is set, in order (`batch`: a row each)."""
         ...
 
 
@@ -80,17 +83,16 @@ class EngineCore:
         self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                           self.kv_events)  # fmt: skip
         self.scheduler: Scheduler[LiveRequest] = Scheduler(config, self.block_manager)
-        self.sampler = Sampler(config.seed, runner.device)
         self.eos_token_ids = frozenset(model_info.eos_token_ids)
         self.counters = StepCounters(config.max_num_batched_tokens)
         self.inbox: Inbox[LiveRequest] = Inbox(config.max_waiting_requests, self._snapshot())
         compiler = GrammarCompiler(tokenizer, model_info.vocab_size, model_info.eos_token_ids,
                                    config.grammar_compile_budget_s, config.max_pending_grammars)  # fmt: skip
         self.structured = StructuredOutputs(compiler, config.max_num_seqs, self.inbox.wake)
-        self.verifier = Verifier(self.sampler, self.structured, self.eos_token_ids)
+        self.verifier = Verifier(self.structured, self.eos_token_ids, model_info.vocab_size)
         self.output = OutputProcessor(tokenizer, self.eos_token_ids, config.max_model_len)
         self.speculator = Speculator(
-            NgramDraft(), config.speculative_tokens, config.speculative_max_num_seqs, config.max_model_len
+            NgramProposer(), config.speculative_tokens, config.speculative_max_num_seqs, config.max_model_len
         )
         set_fixed_threads(config, runner.device)
         self.threads: ThreadGovernor | None = None  # a server's engine follows the free cores (AsyncEngine)
@@ -183,8 +185,8 @@ class EngineCore:
         self._take_inbox()
         has_compiled = self._take_compiled()
         running = self.scheduler.running
-        self.speculator.draft(running, [r.spec for r in running])
-        out = self.scheduler.schedule(time.monotonic())
+        drafts = self.speculator.drafts(running, [r.spec for r in running])
+        out = self.scheduler.schedule(time.monotonic(), drafts)
         if not out.is_empty:
             if self.threads is not None:
                 self.threads.tick()
@@ -205,8 +207,7 @@ class EngineCore:
         new, aborts = self.inbox.take()
         for request in new:
             request.generator = self._generator(request.params)
-            max_drafts = self.speculator.max_drafts(request)
-            request.spec = SpecState(max_drafts, max_drafts) if max_drafts > 0 else None
+            request.spec = self.speculator.new_state(request)
             self.scheduler.add(request)  # a constrained one is scheduled once its grammar has compiled
         for request_id in aborts:  # after the new requests: an abort may name one of them
             aborted = self.scheduler.requests.get(request_id)
@@ -238,7 +239,7 @@ class EngineCore:
         self.inbox.publish(self._snapshot())
 
     def _snapshot(self) -> EngineStats:
-        sched, blocks, c = self.scheduler, self.block_manager, self.counters
+        sched, blocks, c, graphs = self.scheduler, self.block_manager, self.counters, self.model_info.cuda_graphs
         return EngineStats(
             num_waiting=len(sched.waiting),
             num_running=len(sched.running),
@@ -260,14 +261,16 @@ class EngineCore:
             num_kv_events_dropped_total=self.kv_events.num_dropped if self.kv_events is not None else 0,
             num_kv_replays_refused_total=self.kv_events.num_replays_refused if self.kv_events is not None else 0,
             num_tenants_tracked=sched.policy.num_tenants,
+            cuda_graphs=len(graphs.sizes),
+            cuda_graph_capture_s=graphs.capture_s,
+            cuda_graph_memory_bytes=graphs.memory_bytes,
         )
 
     def _run(self, out: SchedulerOutput) -> None:
         """Run the scheduled work: forward, sample, advance the scheduler, then stream each request's delta."""
         started_s = time.monotonic()
         step = self._step_work(out)
-        logits = self._forward(step.work)
-        sampled = self._sample(logits, step.sampling, out.draft_token_ids)
+        sampled = self._execute(step, out.draft_token_ids)
         self.scheduler.update(out, {rid: [t for t, _ in tokens] for rid, tokens in sampled.items()})
         self._record(out, step, sampled, time.monotonic() - started_s)
         for rid, tokens in sampled.items():
@@ -296,31 +299,28 @@ class EngineCore:
                 sampling.append(rid)
         return _StepWork(work, sampling, num_prompt_tokens)
 
-    def _forward(self, work: list[tuple[str, SeqWork]]) -> torch.Tensor | None:
+    def _execute(self, step: _StepWork, drafts: dict[str, tuple[int, ...]]) -> Sampled:
+        """Run the step and verify its drafts: each sampling request's new tokens. When the step fails, each
+        request is run alone: the ones that fail alone fail, the others go on."""
+        requests = self.scheduler.requests
+        plan = self.verifier.plan([requests[rid] for rid in step.sampling], drafts)
         try:
-            return self.runner.execute([w for _, w in work])
+            return self.verifier.accept(plan, self.runner.step([w for _, w in step.work], plan.batch))
         except Exception:
-            logger.exception("forward pass failed; retrying its requests one by one")
-        # isolate: the requests that fail alone fail; the others go on
-        rows: list[torch.Tensor] = []
-        for rid, w in work:
+            logger.exception("a step failed; retrying its requests one by one")
+        sampled: Sampled = {}
+        for rid, w in step.work:
+            r = requests.get(rid)
+            if r is None:
+                continue
             try:
-                logits = self.runner.execute([w])
+                if not w.needs_logits:
+                    self.runner.step([w], SamplingBatch([]))
+                    continue
+                alone = self.verifier.alone(plan, r)
+                sampled |= self.verifier.accept(alone, self.runner.step([w], alone.batch))
             except Exception as e:
                 self.fail(rid, e)
-                continue
-            if w.needs_logits:
-                rows.append(logits)
-        return torch.cat(rows) if rows else None
-
-    def _sample(self, logits: torch.Tensor | None, rids: list[str], drafts: dict[str, tuple[int, ...]]) -> Sampled:
-        """Each request's new tokens (the verifier's); a request whose rows fail to sample fails alone."""
-        requests = [self.scheduler.requests[rid] for rid in rids if rid in self.scheduler.requests]
-        if logits is None or not requests:
-            return {}
-        sampled, failed = self.verifier(logits, requests, drafts)
-        for rid, error in failed:
-            self.fail(rid, error)
         return sampled
 
     def _postprocess(self, r: LiveRequest, tokens: Tokens) -> None:

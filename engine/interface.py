@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from infer.engine.config import EngineConfig
+from infer.engine.cuda_graphs import NO_GRAPHS, GraphStats
 from infer.engine.input_processor import InputLimits, ProcessedInput, Prompt
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.stats import EngineStats
@@ -29,6 +30,7 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]  # sorted; generation stops at any of them unless ignore_eos
     has_chat_template: bool
     kernels: str = ""  # the kernel backend the model runs on (torch | cpu | triton, as INFER_KERNELS names them)
+    cuda_graphs: GraphStats = NO_GRAPHS  # the decode steps captured at start (none: no sizes)
 
 
 class EngineClient(Protocol):

@@ -9,7 +9,9 @@ import contextlib
 import ctypes
 import gc
 import json
+import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from infer.engine.config import EngineConfig, Quantization
+from infer.engine.cuda_graphs import NO_GRAPHS, graphs_for
 from infer.engine.gguf.check import checked_config
 from infer.engine.gguf.config import GGUFConfigError
 from infer.engine.gguf.source import GGUFSource, GGUFSourceError, find_gguf, open_gguf
@@ -29,6 +32,8 @@ from infer.engine.models.registry import architecture, parse_model_config
 from infer.engine.runner import ModelRunner, kv_cache_bytes_per_block
 from infer.engine.tokenizer import ChatTemplateError, Tokenizer, TokenizerLoadError
 from infer.kernels import select_kernels
+
+logger = logging.getLogger(__name__)
 
 
 class ModelLoadError(ValueError):
@@ -257,7 +262,18 @@ def _engine_parts(config: EngineConfig) -> tuple[EngineConfig, ModelRunner, Toke
         has_chat_template=tokenizer.chat_template is not None,
         kernels=model.kernels.name,
     )
-    return config, ModelRunner(model, num_blocks, config.block_size), tokenizer, info
+    runner = ModelRunner(model, num_blocks, config.block_size, seed=config.seed, max_num_seqs=config.max_num_seqs,
+                         max_num_batched_tokens=config.max_num_batched_tokens,
+                         max_model_len=config.max_model_len)  # fmt: skip
+    graphs = graphs_for(runner.device, model.kernels.name, config.cuda_graphs, config.max_num_seqs)
+    if graphs is not None:
+        runner.use_graphs(graphs)
+        g = graphs.stats
+        how = "captured" if config.cuda_graphs else "run eagerly (--no-cuda-graphs)"
+        logger.info("CUDA graphs: decode steps padded to %d sizes (%d to %d rows), %s in %.2f s, %.1f MiB",
+                    len(g.sizes), g.sizes[0], g.sizes[-1], how, g.capture_s, g.memory_bytes / 2**20)  # fmt: skip
+        info = replace(info, cuda_graphs=g if config.cuda_graphs else NO_GRAPHS)
+    return config, runner, tokenizer, info
 
 
 def _load_gguf(gguf_file: Path, config: EngineConfig, template: str | None) -> tuple[CausalLM, Tokenizer, str]:

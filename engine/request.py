@@ -13,7 +13,7 @@ from infer.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from infer.engine.speculative import SpecState
+    from infer.engine.speculation.state import SpecState
     from infer.engine.structured.grammar_state import GrammarState
     from infer.engine.tools.parsers import ToolCallDelta
 
@@ -51,7 +51,6 @@ class Request:
     grammar: GrammarState | None = None  # set when params.constraint is: compiling, then its matcher
     # speculation: all of it here (the scheduler reads the drafts; the verifier counts and adapts)
     spec: SpecState | None = None  # its drafting, when it speculates (set when taken in)
-    draft_token_ids: list[int] = field(default_factory=list)  # speculative tokens to verify next step
     num_draft_tokens: int = 0  # drafts verified so far
     num_accepted_tokens: int = 0  # of which accepted
     tenant: str = DEFAULT_TENANT  # who asks (the server's API key name or header), for the fair policy

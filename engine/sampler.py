@@ -1,5 +1,8 @@
-"""Batched sampling on the device: grammar masks, penalties, temperature, top-k, top-p, min-p, seeds, logprobs;
-and the `Verifier`, which samples a step's requests (each with its drafts) and verifies the drafts.
+"""Batched sampling on the device: grammar masks, penalties, temperature, top-k, top-p, min-p, seeds, logprobs.
+
+The runner samples (`ModelRunner.step`): the core gets token ids and logprobs, never logits, and a step
+copies them to the host once (`to_host`). A step's rows are planned by the speculation package's `Verifier`
+(one row per request, and one per draft).
 
 Greedy rows take the argmax (a step of only plain greedy rows takes nothing else: no copy of the
 logits, no per-row passes). Sampled rows draw with the exponential-race trick
@@ -9,20 +12,16 @@ from its own generator and gets the same tokens whatever else is in the batch.
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Sequence, Set
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from infer.engine.request import LiveRequest, TokenLogprob
+from infer.engine.request import TokenLogprob
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.speculative import accept_drafts
-from infer.engine.stopping import banned_token_ids
-from infer.engine.structured.manager import StructuredOutputs, TokenBitmask, apply_bitmask
-
-logger = logging.getLogger(__name__)
+from infer.engine.step_inputs import StepInputs
+from infer.engine.structured.manager import TokenBitmask, apply_bitmask
 
 LOGPROB_FLOOR = -9999.0  # the logprob of a token that cannot be drawn (banned): finite, so JSON can carry it
 ARGMAX_CHUNK = 2048  # logits a chunk in `argmax_rows`
@@ -57,6 +56,49 @@ class SamplingRow:
 
 
 @dataclass(frozen=True)
+class SamplingBatch:
+    """A step's sampling: one row per logits row, and the constrained rows' allowed tokens."""
+
+    rows: Sequence[SamplingRow]
+    mask: TokenBitmask | None = None
+
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Every row takes the argmax of its logits as they are: nothing to copy, mask or draw."""
+        return self.mask is None and all(_plain_greedy(r) for r in self.rows)
+
+    @property
+    def drawn(self) -> list[int]:
+        """The rows that draw (not greedy)."""
+        return [i for i, r in enumerate(self.rows) if not r.params.is_greedy]
+
+
+@dataclass(frozen=True)
+class SamplingTensors:
+    """The drawing rows and their parameters on the device, in `SamplingBatch.drawn` order (views of the step's
+    inputs: sent with them in one copy)."""
+
+    rows: torch.Tensor  # [num_drawn] int64
+    temperature: torch.Tensor  # [num_drawn] fp32
+    top_k: torch.Tensor  # [num_drawn] int64 (0: off)
+    top_p: torch.Tensor  # [num_drawn] fp32
+    min_p: torch.Tensor  # [num_drawn] fp32
+
+    @classmethod
+    def of(cls, batch: SamplingBatch, device: torch.device) -> SamplingTensors:
+        """Made for this batch alone (a caller without the step's inputs: tests, the one-by-one retry)."""
+        drawn = batch.drawn
+        params = [batch.rows[i].params for i in drawn]
+        return cls(
+            torch.tensor(drawn, dtype=torch.int64, device=device),
+            torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
+        )
+
+
+@dataclass(frozen=True)
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]
@@ -69,11 +111,12 @@ def _apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
         if not p.has_penalties:
             continue
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(list(row.prompt_token_ids) + list(row.output_token_ids), device=logits.device)
-            seen = torch.unique(seen[seen < vocab])
-            picked = logits[i, seen]
+            seen_ids = [t for t in (*row.prompt_token_ids, *row.output_token_ids) if 0 <= t < vocab]
+            seen = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
+            seen[torch.tensor(seen_ids, dtype=torch.int64, device=logits.device)] = True
             rp = p.repetition_penalty
-            logits[i, seen] = torch.where(picked > 0, picked / rp, picked * rp)
+            penalised = torch.where(logits[i] > 0, logits[i] / rp, logits[i] * rp)
+            logits[i] = torch.where(seen, penalised, logits[i])
         if row.output_token_ids and (p.presence_penalty or p.frequency_penalty):
             out = torch.tensor(row.output_token_ids, device=logits.device)
             counts = torch.zeros(vocab, device=logits.device).index_add_(
@@ -83,35 +126,34 @@ def _apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
 
 
 def _ban(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
-    """Eos and stop tokens while min_tokens is not reached; unless nothing would be left to draw."""
+    """Eos and stop tokens while min_tokens is not reached; unless nothing would be left to draw (decided on the
+    device: no wait for it)."""
     for i, row in enumerate(rows):
         if row.banned_token_ids:
-            kept = logits[i].clone()
-            logits[i, list(row.banned_token_ids)] = float("-inf")
-            if bool(torch.isneginf(logits[i]).all()):  # stop_token_ids cover the vocabulary
-                logits[i] = kept
+            banned = logits[i].index_fill(
+                0, torch.tensor(row.banned_token_ids, dtype=torch.int64, device=logits.device), float("-inf")
+            )
+            # stop_token_ids that cover the vocabulary ban nothing
+            logits[i] = torch.where(torch.isneginf(banned).all(), logits[i], banned)
 
 
-def _filter(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """Temperature, then top-k / top-p / min-p masks, on the rows that sample."""
+def _filter(logits: torch.Tensor, rows: Sequence[SamplingRow], t: SamplingTensors) -> torch.Tensor:
+    """Temperature, then top-k / top-p / min-p masks, on the rows that draw (`t`: their parameters)."""
     dev = logits.device
-    temps = torch.tensor([r.params.temperature for r in rows], device=dev).unsqueeze(1)
-    logits = logits / temps
-    top_k = [r.params.top_k for r in rows]
-    top_p = [r.params.top_p for r in rows]
-    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+    logits = logits / t.temperature.unsqueeze(1)
+    if any(r.params.top_k > 0 or r.params.top_p < 1.0 for r in rows):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         rank = torch.arange(logits.shape[-1], device=dev).unsqueeze(0)
-        k = torch.tensor([k if k > 0 else logits.shape[-1] for k in top_k], device=dev).unsqueeze(1)
+        k = torch.where(t.top_k > 0, t.top_k, logits.shape[-1]).unsqueeze(1)
         drop = rank >= k
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs
-        drop |= mass_before >= torch.tensor(top_p, device=dev).unsqueeze(1)
+        drop |= mass_before >= t.top_p.unsqueeze(1)
         drop[:, 0] = False  # the most likely token always stays (a top_p that rounds to 0 in float32 too)
         logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    min_p = torch.tensor([r.params.min_p for r in rows], device=dev).unsqueeze(1)
-    if bool((min_p > 0).any()):
+    if any(r.params.min_p > 0 for r in rows):
         probs = logits.softmax(dim=-1)
+        min_p = t.min_p.unsqueeze(1)
         logits = logits.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
     return logits
 
@@ -125,16 +167,33 @@ def _draw(logits: torch.Tensor, rows: Sequence[SamplingRow], generator: torch.Ge
     return (probs / noise).argmax(dim=-1)
 
 
-def _logprobs(logprobs: torch.Tensor, token_ids: list[int], rows: Sequence[SamplingRow]) -> list[TokenLogprob | None]:
+def _logprob_tensors(
+    logits: torch.Tensor, token_ids: torch.Tensor, rows: Sequence[SamplingRow]
+) -> list[torch.Tensor]:  # chosen [n], top values [n, k], top ids [n, k] with k the most any row asks for
+    logprobs = logits.log_softmax(dim=-1).clamp(min=LOGPROB_FLOOR)
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+    k = max(r.params.logprobs or 0 for r in rows)
+    top_values, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], logprobs[:, :0].long())
+    return [chosen, top_values, top_ids]
+
+
+def _unpack_logprobs(
+    token_ids: list[int], values: list[float], rows: Sequence[SamplingRow]
+) -> list[TokenLogprob | None]:
+    """Each row's TokenLogprob from the flat copy [chosen (n), top values (n * k), top ids (n * k)]."""
+    n = len(rows)
+    k = max(r.params.logprobs or 0 for r in rows)
     out: list[TokenLogprob | None] = []
     for i, row in enumerate(rows):
-        n = row.params.logprobs
-        if n is None:
+        want = row.params.logprobs
+        if want is None:
             out.append(None)
             continue
-        top_values, top_ids = logprobs[i].topk(n) if n > 0 else (logprobs[i][:0], logprobs[i][:0].long())
-        top = tuple(zip(top_ids.tolist(), top_values.tolist(), strict=True))
-        out.append(TokenLogprob(token_ids[i], float(logprobs[i, token_ids[i]]), top))
+        first = n + i * k
+        top_values = values[first : first + want]
+        top_ids = values[n + n * k + i * k : n + n * k + i * k + want]
+        top = tuple((int(t), v) for t, v in zip(top_ids, top_values, strict=True))
+        out.append(TokenLogprob(token_ids[i], values[i], top))
     return out
 
 
@@ -144,93 +203,92 @@ def _finite(logits: torch.Tensor) -> bool:
     return math.isfinite(float(low)) and math.isfinite(float(high))
 
 
+def _finite_flag(logits: torch.Tensor) -> torch.Tensor:  # [1] fp64: 1 when no NaN or inf, on the device
+    return torch.isfinite(torch.stack(torch.aminmax(logits))).all().double().reshape(1)
+
+
 def _plain_greedy(row: SamplingRow) -> bool:
     """A row whose token is the argmax of its logits as they are: greedy, no penalties, bans or logprobs."""
     p = row.params
     return p.is_greedy and not p.has_penalties and not row.banned_token_ids and p.logprobs is None
 
 
+def to_host(parts: Sequence[torch.Tensor]) -> list[float]:
+    """The step's one device-to-host copy: the parts flattened, as float64 (exact for ids and fp32 values)."""
+    flat = torch.cat([p.reshape(-1).double() for p in parts])
+    values: list[float] = flat.tolist()
+    return values
+
+
 class Sampler:
+    """Samples a step's logits where they are (the model's device): one copy to the host a step carries the
+    token ids, whether the logits were finite, and the logprobs asked for. On the CPU (no copy to save) a step
+    of plain greedy rows takes the vectorised `argmax_rows` instead."""
+
     def __init__(self, seed: int, device: torch.device) -> None:
+        self.device = device
+        self.on_host = device.type == "cpu"  # the argmax and the finite check read the logits where they are
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
+    def write_inputs(self, batch: SamplingBatch, inputs: StepInputs) -> SamplingTensors:
+        """The drawing rows' parameters into the step's inputs (sent with them); their device views."""
+        drawn = batch.drawn
+        k = len(drawn)
+        params = [batch.rows[i].params for i in drawn]
+        inputs.host("sampled")[:k] = drawn
+        inputs.host("temperature")[:k] = [p.temperature for p in params]
+        inputs.host("top_k")[:k] = [p.top_k for p in params]
+        inputs.host("top_p")[:k] = [p.top_p for p in params]
+        inputs.host("min_p")[:k] = [p.min_p for p in params]
+        return SamplingTensors(*(inputs.view(name)[:k] for name in ("sampled", "temperature", "top_k", "top_p",
+                                                                     "min_p")))  # fmt: skip
+
     def __call__(
-        self, logits: torch.Tensor, rows: Sequence[SamplingRow], mask: TokenBitmask | None = None
+        self, logits: torch.Tensor, batch: SamplingBatch, tensors: SamplingTensors | None = None
     ) -> SamplerOutput:
-        """logits: [num_rows, vocab] fp32, one row per request that samples this step; `mask`: the tokens
-        the constrained rows' grammars allow (applied first, so every later step sees only those)."""
+        """logits: [num_rows, vocab] fp32, one row per row of `batch`; the mask (the constrained rows' allowed
+        tokens) applies first, so every later step sees only those. `tensors`: the drawing rows' parameters
+        already on the device (`write_inputs`), else made here."""
+        rows = batch.rows
         assert logits.shape[0] == len(rows)
-        if logits.numel() and not _finite(logits):
-            raise FloatingPointError("the model's logits are not finite (NaN or inf)")
-        if mask is None and all(_plain_greedy(r) for r in rows):
-            return SamplerOutput(argmax_rows(logits), [None] * len(rows))
+        if not rows:
+            return SamplerOutput([], [])
+        if batch.is_plain_greedy:
+            if self.on_host:
+                if not _finite(logits):
+                    raise _not_finite()
+                return SamplerOutput(argmax_rows(logits), [None] * len(rows))
+            flat = to_host([logits.argmax(dim=-1), _finite_flag(logits)])
+            return SamplerOutput(self._ids(flat, len(rows)), [None] * len(rows))
+        finite = _finite_flag(logits)
         logits = logits.clone()
-        if mask is not None:
-            apply_bitmask(logits, mask)
+        if batch.mask is not None:
+            apply_bitmask(logits, batch.mask)
         _apply_penalties(logits, rows)
         _ban(logits, rows)
-        token_ids = torch.tensor(argmax_rows(logits), dtype=torch.long, device=logits.device)
-        sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
-        if sampled:
-            sub_rows = [rows[i] for i in sampled]
-            idx = torch.tensor(sampled, device=logits.device)
-            token_ids[idx] = _draw(_filter(logits[idx], sub_rows), sub_rows, self.generator)
-        ids = token_ids.tolist()
-        if all(r.params.logprobs is None for r in rows):
+        token_ids = torch.tensor(argmax_rows(logits), dtype=torch.int64) if self.on_host else logits.argmax(dim=-1)
+        drawn = batch.drawn
+        if drawn:
+            t = tensors if tensors is not None else SamplingTensors.of(batch, logits.device)
+            sub_rows = [rows[i] for i in drawn]
+            token_ids[t.rows] = _draw(_filter(logits[t.rows], sub_rows, t), sub_rows, self.generator)
+        parts = [token_ids, finite]
+        wants_logprobs = any(r.params.logprobs is not None for r in rows)
+        if wants_logprobs:
+            parts += _logprob_tensors(logits, token_ids, rows)
+        flat = to_host(parts)
+        ids = self._ids(flat, len(rows))
+        if not wants_logprobs:
             return SamplerOutput(ids, [None] * len(rows))
-        return SamplerOutput(ids, _logprobs(logits.log_softmax(dim=-1).clamp(min=LOGPROB_FLOOR), ids, rows))
+        return SamplerOutput(ids, _unpack_logprobs(ids, flat[len(rows) + 1 :], rows))
+
+    @staticmethod
+    def _ids(flat: list[float], n: int) -> list[int]:
+        if flat[n] != 1.0:
+            raise _not_finite()
+        return [int(t) for t in flat[:n]]
 
 
-Sampled = dict[str, list[tuple[int, TokenLogprob | None]]]  # each request's new tokens (and logprobs)
-Span = tuple[LiveRequest, tuple[int, ...]]  # a request and its drafts: 1 + len(drafts) rows of logits
-
-
-class Verifier:
-    """Samples a step's rows and verifies its drafts: the sampler over every row (the constrained rows masked,
-    stop tokens banned until min_tokens), then each request's accepted drafts and the token after them."""
-
-    def __init__(self, sampler: Sampler, structured: StructuredOutputs, eos_token_ids: Set[int]) -> None:
-        self.sampler, self.structured, self.eos_token_ids = sampler, structured, eos_token_ids
-
-    def __call__(
-        self, logits: torch.Tensor, requests: Sequence[LiveRequest], drafts: dict[str, tuple[int, ...]]
-    ) -> tuple[Sampled, list[tuple[str, Exception]]]:
-        """Each request's new tokens: one, or its accepted drafts and one more (rows: 1 + its drafts each);
-        and the requests that failed (tried one by one after the batch failed)."""
-        spans = [(r, drafts.get(r.request_id, ())) for r in requests]
-        # a seeded request with drafts: its generator is rewound to the draws of the tokens it keeps
-        states = {r.request_id: r.generator.get_state() for r, d in spans if d and r.generator is not None}
-        try:
-            return accept_drafts(spans, self._sample(logits, spans), states, logits.shape[-1]), []
-        except Exception:
-            logger.exception("sampling failed; retrying its requests one by one")
-        return self._one_by_one(logits, spans, states)
-
-    def _one_by_one(
-        self, logits: torch.Tensor, spans: list[Span], states: dict[str, torch.Tensor]
-    ) -> tuple[Sampled, list[tuple[str, Exception]]]:
-        result: Sampled = {}
-        failed: list[tuple[str, Exception]] = []
-        first = 0
-        for r, d in spans:
-            rows = logits[first : first + 1 + len(d)]
-            first += 1 + len(d)
-            try:
-                if r.request_id in states and r.generator is not None:
-                    r.generator.set_state(states[r.request_id])
-                result |= accept_drafts([(r, d)], self._sample(rows, [(r, d)]), states, logits.shape[-1])
-            except Exception as e:
-                failed.append((r.request_id, e))
-        return result, failed
-
-    def _sample(self, logits: torch.Tensor, spans: list[Span]) -> SamplerOutput:
-        """Sample every row: position j of a request with drafts sees its first j drafts as output."""
-        rows = [self._row(r, d[:j]) for r, d in spans for j in range(len(d) + 1)]
-        mask = self.structured.bitmask([r for r, d in spans for _ in range(len(d) + 1)])
-        return self.sampler(logits[: len(rows)], rows, mask)
-
-    def _row(self, r: LiveRequest, drafts: Sequence[int] = ()) -> SamplingRow:
-        banned = banned_token_ids(r, self.eos_token_ids, r.num_output_tokens + len(drafts))
-        output = r.output_token_ids + list(drafts) if drafts else r.output_token_ids
-        return SamplingRow(r.params, r.prompt_token_ids, output, r.generator, banned)
+def _not_finite() -> FloatingPointError:
+    return FloatingPointError("the model's logits are not finite (NaN or inf)")

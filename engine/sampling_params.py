@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infer.engine.speculative import MAX_SPECULATIVE_TOKENS
+from infer.engine.speculation.state import MAX_SPECULATIVE_TOKENS
 from infer.engine.structured import Constraint
 from infer.engine.validation import check
 

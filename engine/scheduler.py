@@ -23,7 +23,7 @@ published snapshot, never these.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -53,6 +53,7 @@ class SchedulerOutput:
 @dataclass
 class _Step:
     budget_tokens: int
+    proposed: Mapping[str, Sequence[int]]  # the speculator's drafts, by request id
     scheduled: dict[str, int] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
     drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -137,8 +138,10 @@ class Scheduler(Generic[R]):
         return request
 
     # the step
-    def schedule(self, now_s: float) -> SchedulerOutput:
-        step = _Step(self.config.max_num_batched_tokens)
+    def schedule(self, now_s: float, drafts: Mapping[str, Sequence[int]] | None = None) -> SchedulerOutput:
+        """The step's work. `drafts`: tokens proposed to follow running decodes (the speculator's), scheduled
+        with their request as far as the budget and free blocks allow (they never preempt anyone)."""
+        step = _Step(self.config.max_num_batched_tokens, drafts or {})
         self._schedule_running(step)
         if not step.preempted and self._may_admit(now_s):
             self._schedule_waiting(step, now_s)
@@ -184,7 +187,7 @@ class Scheduler(Generic[R]):
 
     def _schedule_one(self, request: R, step: _Step) -> None:
         # a decode with drafts: its newest token and the drafts, as far as budget and free blocks allow
-        drafts = request.draft_token_ids if request.num_tokens_to_compute == 1 else []
+        drafts = step.proposed.get(request.request_id, ()) if request.num_tokens_to_compute == 1 else ()
         num_tokens = min(request.num_tokens_to_compute + len(drafts), step.budget_tokens)
         num_drafts = num_tokens - request.num_tokens_to_compute if drafts else 0
         if num_drafts and not self.blocks.can_append(request.request_id, request.num_computed_tokens + num_tokens):

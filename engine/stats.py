@@ -33,6 +33,9 @@ class EngineStats:
     num_kv_events_dropped_total: int = 0  # KV-cache events dropped unsent (the publisher thread fell behind)
     num_kv_replays_refused_total: int = 0  # KV-event replay requests refused past the bounds, or cut (kv_replay.py)
     num_tenants_tracked: int = 0  # tenants in the fair policy's table (bounded: max_tenants and the queue)
+    cuda_graphs: int = 0  # decode batch sizes replayed from CUDA graphs captured at start (cuda_graphs.py)
+    cuda_graph_capture_s: float = 0.0  # the capture's time at start
+    cuda_graph_memory_bytes: int = 0  # the graphs' memory pool on the device
 
     @property
     def draft_acceptance_rate(self) -> float:

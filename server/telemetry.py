@@ -181,6 +181,9 @@ class Telemetry:
                 "CPU threads the engine steps on (they follow the free cores)",
                 "cpu_threads",
             ),
+            "infer.cuda_graphs": ("{graph}", "decode batch sizes replayed from CUDA graphs", "cuda_graphs"),
+            "infer.cuda_graphs.capture_time": ("s", "the CUDA graphs' capture at start", "cuda_graph_capture_s"),
+            "infer.cuda_graphs.memory": ("By", "the CUDA graphs' memory pool", "cuda_graph_memory_bytes"),
         }
         for name, (unit, description, attr) in gauges.items():
             meter.create_observable_gauge(name, [self._observe(attr)], unit, description)

@@ -141,6 +141,8 @@ class DecoderLayer(nn.Module):
 class CausalLM(nn.Module):
     """Embeddings, decoder layers, final norm and LM head; HF-compatible parameter names."""
 
+    embed_scale: torch.Tensor  # [] in the model's dtype (a buffer)
+
     def __init__(self, cfg: ModelConfig, kernels: Kernels, max_positions: int | None = None) -> None:
         super().__init__()
         self.cfg, self.kernels = cfg, kernels
@@ -154,6 +156,8 @@ class CausalLM(nn.Module):
         self.rope_index = [ropes.index(r) for r in cfg.ropes]
         num_positions = max_positions or cfg.max_position_embeddings
         self.rope_caches = [cos_sin_cache(r, num_positions) for r in ropes]
+        # NOTE: a buffer made once (moved and cast with the model), not a tensor made in every forward pass
+        self.register_buffer("embed_scale", torch.tensor(cfg.embed_scale), persistent=False)
         self.fused: FusedDecoder | None = None  # the kernels' fused stack over the layers (`fuse`)
         self.embed_packed: PackedWeight | None = None  # the token embedding kept packed (`keep_embedding_packed`)
 
@@ -210,7 +214,7 @@ class CausalLM(nn.Module):
         else:
             x = F.embedding(step.input_ids, self.embed_tokens)
         if self.cfg.embed_scale != 1.0:
-            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+            x = x * self.embed_scale.to(x.dtype)  # the scale rounded to the model's dtype, as Gemma's is
         if self.fused is not None:
             x = self.fused(x, step.positions, step.attn, step.kv_caches)
         else:

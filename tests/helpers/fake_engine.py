@@ -18,6 +18,7 @@ from infer.engine.config import EngineConfig
 from infer.engine.core import EngineCore
 from infer.engine.interface import ModelInfo
 from infer.engine.runner import SeqWork
+from infer.engine.sampler import Sampler, SamplerOutput, SamplingBatch
 from infer.engine.tokenizer import Tokenizer
 from tests.helpers.tiny_tokenizer import train_byte_bpe
 
@@ -39,8 +40,9 @@ class FakeRunner:
     """Stands in for ModelRunner: records every call; `poison` tokens make a forward pass fail, and so does every
     pass after the first `num_good_calls` (a kernel that fails only on a later call)."""
 
-    def __init__(self, text_ids: list[int], eos_id: int, vocab_size: int, num_blocks: int) -> None:
+    def __init__(self, text_ids: list[int], eos_id: int, vocab_size: int, num_blocks: int, seed: int = 0) -> None:
         self.text_ids, self.eos_id, self.vocab_size = text_ids, eos_id, vocab_size
+        self.sampler = Sampler(seed, torch.device("cpu"))
         self.num_blocks = num_blocks
         self.device = torch.device("cpu")
         self.calls: list[list[SeqWork]] = []
@@ -54,6 +56,10 @@ class FakeRunner:
 
     def token_at(self, position: int) -> int:
         return self.text_ids[position] if position < len(self.text_ids) else self.eos_id
+
+    def step(self, work: Sequence[SeqWork], batch: SamplingBatch) -> SamplerOutput:
+        """The fake model's logits (`execute`), sampled as the real runner samples them."""
+        return self.sampler(self.execute(work), batch)
 
     def execute(self, work: Sequence[SeqWork]) -> torch.Tensor:  # [num_sampling, vocab] fp32
         self.calls.append(list(work))
@@ -77,6 +83,6 @@ def fake_core(**settings: Any) -> tuple[EngineCore, FakeRunner]:
     eos_id = tokenizer.token_to_id("<|im_end|>")
     assert eos_id is not None
     config = EngineConfig(**{"max_model_len": 256, "num_blocks": 64, "block_size": 16, **settings})
-    runner = FakeRunner(tokenizer.encode(TEXT), eos_id, tokenizer.vocab_size, config.num_blocks or 64)
+    runner = FakeRunner(tokenizer.encode(TEXT), eos_id, tokenizer.vocab_size, config.num_blocks or 64, config.seed)
     info = ModelInfo("fake", "", tokenizer.vocab_size, (eos_id,), tokenizer.chat_template is not None)
     return EngineCore(config, runner, tokenizer, info), runner

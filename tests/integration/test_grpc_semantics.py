@@ -19,7 +19,6 @@ from typing import Any
 
 import grpc
 import pytest
-import torch
 
 from infer.api import INVALID_FIELD_KEY, pb, pb_grpc
 from infer.engine.core import EngineCore
@@ -66,17 +65,17 @@ def paused(core: EngineCore) -> Iterator[None]:
 def paused_in_forward(core: EngineCore) -> Iterator[None]:
     """Hold the engine inside its next forward pass: the requests it scheduled stay uncomputed."""
     resume = threading.Event()
-    execute = core.runner.execute
+    step = core.runner.step
 
-    def held_execute(work: Any) -> torch.Tensor:
+    def held_step(work: Any, batch: Any) -> Any:
         resume.wait()
-        return execute(work)
+        return step(work, batch)
 
-    core.runner.execute = held_execute  # type: ignore[method-assign]
+    core.runner.step = held_step  # type: ignore[method-assign]
     try:
         yield
     finally:
-        del core.runner.execute  # type: ignore[method-assign]
+        del core.runner.step  # type: ignore[method-assign]
         resume.set()
 
 
@@ -259,14 +258,14 @@ def test_engine_failure_fails_only_its_request(
 ) -> None:
     poison = 4242
     core = server.engine.core
-    execute = core.runner.execute
+    step = core.runner.step
 
-    def flaky(work: Any) -> torch.Tensor:
+    def flaky(work: Any, batch: Any) -> Any:
         if any(poison in w.token_ids for w in work):
             raise RuntimeError("poisoned batch")
-        return execute(work)
+        return step(work, batch)
 
-    monkeypatch.setattr(core.runner, "execute", flaky)
+    monkeypatch.setattr(core.runner, "step", flaky)
     prompts = ([1, 2, 3], [5, poison, 6], [7, 8])
     with paused(core):  # one batch for all three
         calls = [stub.Generate(pb.GenerateRequest(token_ids=pb.TokenIds(ids=p), sampling=SHORT)) for p in prompts]

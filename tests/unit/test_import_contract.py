@@ -164,12 +164,6 @@ def test_models_import_only_the_kernel_interface() -> None:
 # imports a circle may still run through, each with why it is left and who cuts it; an entry whose import is gone
 # or no longer closes a circle fails the test below (take it out)
 CIRCLE_EDGES_LEFT: dict[tuple[str, str], str] = {
-    ("infer.engine.request", "infer.engine.speculative"): "Request.spec's type, SpecState, lives beside the "
-    "Speculator (which takes requests): to a leaf of the speculation package (issue 40 item 3, under way)",
-    ("infer.engine.sampling_params", "infer.engine.speculative"): "MAX_SPECULATIVE_TOKENS, the bound of "
-    "speculative_tokens: to sampling_params.py or the speculation package's leaf (item 3)",
-    ("infer.engine.speculative", "infer.engine.sampler"): "accept_drafts takes a SamplerOutput and the sampler "
-    "calls accept_drafts: the verifier's rewrite (sampling moves into the runner, item 3) parts them",
     ("infer.engine.model_config", "infer.engine.model_check"): "ModelCheckError, raised by the config's readers, "
     "lives in model_check.py, which checks a ModelConfig (item 1's rewrite of both, under way): to a leaf",
 }

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from infer import LLM, SamplingParams
-from infer.engine import TokenLogprob
+from infer.engine import TokenLogprob, loader
+from infer.engine.cuda_graphs import EagerGraphs, capture_sizes
 from infer.engine.llm import CompletionOutput
 from tests.helpers.bench_data import parity_prompts
 
@@ -105,6 +106,24 @@ def test_tokens_equal_alone(case: Case, scenario: str) -> None:
     assert [_result(o) for o in outputs] == case.alone
     if scenario == "preempted":
         assert sum(o.timings.num_preemptions for o in outputs if o.timings) > 0  # the pool was too small
+
+
+def test_tokens_equal_alone_in_decode_steps_padded_as_cuda_graphs_pad_them(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every decode step padded to the next captured batch size (1, 2, 4, 8, then every 8), as on CUDA with graphs
+    on or off (EagerGraphs runs the padded steps here): the padding rows move no real row's logits."""
+    graphs: list[EagerGraphs] = []
+
+    def padded(device: Any, kernels: str, enabled: bool, max_num_seqs: int) -> EagerGraphs:
+        graphs.append(EagerGraphs(capture_sizes(max_num_seqs)))
+        return graphs[-1]
+
+    monkeypatch.setattr(loader, "graphs_for", padded)
+    with case.engine(enable_prefix_caching=False, max_num_seqs=16) as llm:
+        outputs = llm.generate(case.prompts, case.params)
+    assert [_result(o) for o in outputs] == case.alone
+    assert graphs and graphs[0].num_replays >= 8  # the decode steps of the 12 requests, padded to 16
 
 
 def test_tokens_equal_alone_after_prefix_hits(case: Case) -> None:

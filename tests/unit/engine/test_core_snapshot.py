@@ -9,12 +9,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from infer.engine.async_engine import AsyncEngine
 from infer.engine.core import EngineCore
+from infer.engine.cuda_graphs import GraphStats
 from infer.engine.input_processor import Prompt
 from infer.engine.request import RequestOutput
 from infer.engine.runner import SeqWork
@@ -145,3 +147,12 @@ def test_the_snapshot_counts_the_steps_and_their_busy_time() -> None:
     stats = core.stats()
     assert stats.num_steps == 4  # a prefill and three decodes
     assert 0 < stats.step_s_total <= wall_s  # read 0: the snapshot did not carry the steps' time
+
+
+def test_the_snapshot_reports_the_cuda_graphs_captured_at_start() -> None:
+    core, _ = fake_core()
+    assert (core.stats().cuda_graphs, core.stats().cuda_graph_memory_bytes) == (0, 0)  # none on the CPU
+    core.model_info = replace(core.model_info, cuda_graphs=GraphStats((1, 2, 4, 8), 1.25, 3 << 20))
+    core.step()  # a snapshot is published after each step
+    stats = core.stats()
+    assert (stats.cuda_graphs, stats.cuda_graph_capture_s, stats.cuda_graph_memory_bytes) == (4, 1.25, 3 << 20)

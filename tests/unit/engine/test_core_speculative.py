@@ -43,7 +43,7 @@ def _engines(draft: str, **settings: Any) -> tuple[LLM, LLM, FakeRunner]:
     """A plain engine and one that speculates with the named drafts, on the same settings."""
     plain, _ = fake_core(**settings)
     core, runner = fake_core(**{**SETTINGS, **settings})
-    core.speculator.source = TextDraft(runner, DRAFTS[draft])
+    core.speculator.proposer = TextDraft(runner, DRAFTS[draft])
     return LLM.from_core(plain), LLM.from_core(core), runner
 
 
@@ -146,8 +146,8 @@ def _chi_square_p(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize(("draft", "shift"), [("right", 1), ("wrong", 2), ("half", 1)])
 def test_sampling_keeps_the_target_distribution(draft: str, shift: int) -> None:
     plain, spec, _ = _engines(draft, max_num_seqs=256, max_waiting_requests=4096)
-    assert isinstance(spec.core.speculator.source, TextDraft)
-    spec.core.speculator.source.shift = shift
+    assert isinstance(spec.core.speculator.proposer, TextDraft)
+    spec.core.speculator.proposer.shift = shift
     vocab = plain.core.model_info.vocab_size
     # the first token verified, and the next (after an accepted or a rejected draft)
     pairs = zip((1, 2), _histograms(plain, 2000, vocab), _histograms(spec, 2000, vocab), strict=True)

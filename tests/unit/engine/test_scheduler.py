@@ -187,8 +187,7 @@ def _decoding(s: Scheduler, rid: str, prompt_len: int, max_tokens: int = 20) -> 
 def test_drafts_ride_with_a_decode_and_rejected_ones_are_rolled_back() -> None:
     s = make(max_num_batched_tokens=16)
     r = _decoding(s, "a", 6)  # 6 prompt + 1 output tokens, 6 computed: blocks of 4 cover 8
-    r.draft_token_ids = [11, 12, 13, 14]
-    out = s.schedule(0.0)
+    out = s.schedule(0.0, {"a": [11, 12, 13, 14]})
     assert out.num_scheduled_tokens == {"a": 5} and out.draft_token_ids == {"a": (11, 12, 13, 14)}
     assert len(s.blocks.block_table("a")) == 3  # 6 + 5 = 11 tokens
     s.update(out, {"a": [11, 42]})  # one draft accepted, then a correction
@@ -199,25 +198,22 @@ def test_drafts_ride_with_a_decode_and_rejected_ones_are_rolled_back() -> None:
 
 def test_drafts_are_cut_to_the_budget_and_never_preempt() -> None:
     s = make(num_blocks=4, max_num_batched_tokens=16)
-    r, _ = add(s, "a", 6), add(s, "b", 6)
+    add(s, "a", 6), add(s, "b", 6)
     step(s)  # both prefilled: 2 blocks each, the pool is full
-    r.draft_token_ids = [11, 12, 13]
-    out = s.schedule(0.0)
+    out = s.schedule(0.0, {"a": [11, 12, 13]})
     assert out.num_scheduled_tokens["a"] == 1 and "a" not in out.draft_token_ids  # a new block would preempt b
     assert not out.preempted
     s.update(out, {rid: [7] for rid in out.num_scheduled_tokens})
     small = make(max_num_batched_tokens=3)
-    r = _decoding(small, "a", 2)
-    r.draft_token_ids = [11, 12, 13, 14]
-    out = small.schedule(0.0)
+    _decoding(small, "a", 2)
+    out = small.schedule(0.0, {"a": [11, 12, 13, 14]})
     assert out.num_scheduled_tokens == {"a": 3} and out.draft_token_ids == {"a": (11, 12)}
 
 
 def test_prefill_chunks_take_no_drafts() -> None:
     s = make(max_num_batched_tokens=4)
-    r = add(s, "a", 10)
-    r.draft_token_ids = [11, 12]
-    out = s.schedule(0.0)
+    add(s, "a", 10)
+    out = s.schedule(0.0, {"a": [11, 12]})
     assert out.num_scheduled_tokens == {"a": 4} and not out.draft_token_ids
 
 

@@ -232,7 +232,7 @@ def test_the_stack_lets_other_python_threads_run(tmp_path: Path) -> None:
     ticker = threading.Thread(target=tick)
     ticker.start()
     try:
-        step, _ = runner.prepare([SeqWork(list(range(3, 120)) * 2, 0, list(range(16)), True)])
+        step = runner.prepare([SeqWork(list(range(3, 120)) * 2, 0, list(range(16)), True)]).step
         x = torch.randn(step.input_ids.shape[0], 512)
         with torch.inference_mode():
             before = ticks

@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from infer.engine.config import EngineConfig
+from infer.engine.cuda_graphs import EagerGraphs
 from infer.engine.loader import load_model
+from infer.engine.runner import ModelRunner, SeqWork
 from tests.helpers.device import TEST_DEVICE
+from tests.helpers.dispatch import Allocations
 from tests.helpers.mixed_steps import greedy_mixed_steps
 from tests.helpers.tiny_models import ARCHS, make_tiny_model
 
@@ -40,3 +43,20 @@ def test_greedy_tokens_match_the_torch_path(arch: str, tmp_path: Path, monkeypat
     assert len(launches) == 4 * model.cfg.num_layers  # the Triton kernel ran, every step, every layer
     assert tokens == expected_tokens and [len(t) for t in tokens] == [4, 3]
     torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_a_padded_decode_step_makes_no_tensor_and_waits_for_nothing(tmp_path: Path) -> None:
+    """What a CUDA graph captures: a decode step of a captured size on the Triton kernels reads its inputs where
+    they were, makes no tensor from the host and never waits for a value on the host (EagerGraphs runs the
+    same step as the graph would)."""
+    model_dir = make_tiny_model("gemma3", tmp_path, vocab_size=64)  # sliding windows, soft-capping, embed scale
+    model = load_model(model_dir, EngineConfig(device=str(TEST_DEVICE), kernels="triton"))
+    runner = ModelRunner(model, num_blocks=16, block_size=4, max_num_seqs=4, max_model_len=32)
+    runner.use_graphs(EagerGraphs([4]))
+    runner.execute([SeqWork([3, 4, 5, 6, 7], 0, [0, 1], True), SeqWork([8, 9], 0, [2], True)])
+    work = [SeqWork([10], 5, [0, 1], True), SeqWork([11], 2, [2], True)]
+    prepared = runner.prepare(work, pad_to=4)
+    assert runner.graphs is not None
+    with torch.inference_mode(), Allocations() as counted:
+        runner.graphs.run(4, prepared.step)
+    assert counted.made == [] and counted.waited == [], (counted.made, counted.waited)

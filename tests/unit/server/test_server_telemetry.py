@@ -22,6 +22,7 @@ STATS = EngineStats(
     num_grammars_pending=5, num_grammars_compiled_total=12, num_grammars_refused_total=1, grammar_compile_s_total=2.5,
     cpu_threads=1, num_kv_events_dropped_total=3, num_kv_replays_refused_total=6, num_tenants_tracked=9,
     num_steps=8, step_s_total=1.25,
+    cuda_graphs=11, cuda_graph_capture_s=1.5, cuda_graph_memory_bytes=4096,
 )  # fmt: skip
 
 
@@ -93,6 +94,7 @@ def test_engine_gauges_and_counters_are_exported(telemetry: Telemetry) -> None:
         "infer_grammar_compile_time_seconds_total 2.5", "infer_grammar_refused_total 1.0", "infer_cpu_threads 1.0",
         "infer_kv_events_dropped_total 3.0", "infer_kv_events_replays_refused_total 6.0",
         "infer_steps_total 8.0", "infer_step_time_seconds_total 1.25",
+        "infer_cuda_graphs 11.0", "infer_cuda_graphs_capture_time_seconds 1.5", "infer_cuda_graphs_memory_bytes 4096.0",
     ):  # fmt: skip
         assert line in text, line
 

@@ -47,7 +47,7 @@ def reference(gguf_file: tuple[str, Path]) -> Any:
 def _logits(model: CausalLM, prompt: list[int]) -> torch.Tensor:
     runner = ModelRunner(model, num_blocks=16, block_size=16)
     with torch.inference_mode():
-        step, _ = runner.prepare([SeqWork(prompt, 0, list(range(16)), True)])
+        step = runner.prepare([SeqWork(prompt, 0, list(range(16)), True)]).step
         return model.compute_logits(model(step))
 
 

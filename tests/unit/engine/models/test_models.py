@@ -44,7 +44,7 @@ def _all_logits(model: CausalLM, prompt: list[int], chunk: int) -> torch.Tensor:
     rows = []
     with torch.inference_mode():
         for start in range(0, len(prompt), chunk):
-            step, _ = runner.prepare([SeqWork(prompt[start : start + chunk], start, table, True)])
+            step = runner.prepare([SeqWork(prompt[start : start + chunk], start, table, True)]).step
             rows.append(model.compute_logits(model(step)))
     return torch.cat(rows)
 

@@ -23,7 +23,7 @@ def _logits(model_dir: Path, quantization: str = "none", dtype: str = "float32")
     runner = ModelRunner(model, num_blocks=8, block_size=4)
     ids = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch.inference_mode():
-        step, _ = runner.prepare([SeqWork(ids, 0, [5, 1, 6], True)])
+        step = runner.prepare([SeqWork(ids, 0, [5, 1, 6], True)]).step
         return model.compute_logits(model(step)).float()
 
 
