@@ -231,8 +231,9 @@ bench-contention: $(DEV_STAMP) kernels peers
 	$(BIN)/python benchmarks/contention.py $(ARGS)
 
 # many tenants on one server: a heavy tenant (32 streams) and a light one (10x fewer requests) under fcfs, priority
-# and fair (weights 1:1 and 1:2), one server each in one run: the light tenant's TTFT against alone, output shares
-# against weights, total tok/s against fcfs, a priority -10 request's TTFT at saturation; writes
+# and fair (weights 1:1 and 1:2), one server each in one run: the light tenant's TTFT P99 against alone + 2 mean
+# steps, output shares against weights, output tokens per busy engine second against fcfs (the engine's counters),
+# a priority -10 request's TTFT at saturation; writes
 # docs/benchmarks/tenants.* (about 6 min on 2 quiet cores); shorter: ARGS='--quick'
 .PHONY: bench-tenants
 bench-tenants: $(DEV_STAMP) kernels

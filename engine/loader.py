@@ -25,8 +25,8 @@ from infer.engine.gguf.config import GGUFConfigError
 from infer.engine.gguf.source import GGUFSource, GGUFSourceError, find_gguf, open_gguf
 from infer.engine.gguf.weights import GGUFWeightError, fill_model
 from infer.engine.interface import ModelInfo
-from infer.engine.model_check import ModelCheckError, check_special_ids, check_tensors, check_vocab
-from infer.engine.model_config import ModelConfig
+from infer.engine.model_check import check_special_ids, check_tensors, check_vocab
+from infer.engine.model_config import ModelCheckError, ModelConfig
 from infer.engine.models import CausalLM, Target, checkpoint_target, convert_tensor
 from infer.engine.models.registry import architecture, parse_model_config
 from infer.engine.runner import ModelRunner, kv_cache_bytes_per_block

@@ -20,20 +20,13 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from infer.engine.model_config import ModelCheckError
+
 if TYPE_CHECKING:
     from infer.engine.model_config import ModelConfig
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
 _GLOBAL = re.compile(r"(?:^|\.)(embed_tokens|lm_head|norm)\.weight$")
-
-
-class ModelCheckError(ValueError):
-    """A config field that does not fit the rest of the model."""
-
-    def __init__(self, field: str, detail: str) -> None:
-        super().__init__(f"{field}: {detail}")
-        self.field = field
-        self.detail = detail
 
 
 def _require(ok: bool, field: str, detail: str) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infer.engine.model_check import ModelCheckError
 from infer.kernels import RopeConfig
 
 # NOTE: bounds far past every real model's, so that a config that lies cannot make parsing itself allocate (a tuple
@@ -23,6 +22,15 @@ SIZE_BOUNDS = {
     "max_position_embeddings": 1 << 30,
     "sliding_window": 1 << 30,
 }
+
+
+class ModelCheckError(ValueError):
+    """A config field that does not fit the rest of the model."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field = field
+        self.detail = detail
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from typing import Any
 
 from infer.engine.gguf.config import GGUFConfigError, architecture, hf_config
 from infer.engine.gguf.weights import FileTensor, GGUFWeightError, hf_name
-from infer.engine.model_check import ModelCheckError, check_tensors
-from infer.engine.model_config import SIZE_BOUNDS, ModelConfig
+from infer.engine.model_check import check_tensors
+from infer.engine.model_config import SIZE_BOUNDS, ModelCheckError, ModelConfig
 from infer.engine.models.registry import architecture as family
 from infer.engine.models.registry import parse_model_config
 

@@ -13,7 +13,8 @@ import pytest
 
 from infer.engine.config import EngineConfig
 from infer.engine.loader import ModelLoadError, load_engine, load_model
-from infer.engine.model_check import ModelCheckError, check_tensors
+from infer.engine.model_check import check_tensors
+from infer.engine.model_config import ModelCheckError
 from infer.engine.models.registry import parse_model_config
 
 LLAMA: dict[str, Any] = {
