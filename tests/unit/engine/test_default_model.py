@@ -115,6 +115,9 @@ def test_config_and_tensors(default_model_dir: Path) -> None:
     assert (mc.num_layers, mc.num_kv_heads, mc.ropes[0].theta, mc.eos_token_ids) == (30, 3, 100000.0, (2,))
 
 
+# NOTE: make test-slow (20 s: transformers dequantizes the whole file); the converted directory's greedy tokens
+# against transformers stay in make test (test_greedy_answer_is_paris, test_default_model_greedy.py)
+@pytest.mark.slow
 def test_logits_match_transformers_gguf_loader(hf_model: Any, hf_tokenizer: Any, gguf_path: Path) -> None:
     reference = transformers_gguf_model(gguf_path)
     ids = hf_tokenizer("The quick brown fox jumps over the lazy dog.", return_tensors="pt").input_ids
