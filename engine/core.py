@@ -184,13 +184,14 @@ class EngineCore:
         """One engine step; False when there was nothing to run."""
         self._take_inbox()
         has_compiled = self._take_compiled()
+        started_s = time.monotonic()  # a step's busy time counts its drafting and scheduling too
         running = self.scheduler.running
         drafts = self.speculator.drafts(running, [r.spec for r in running])
-        out = self.scheduler.schedule(time.monotonic(), drafts)
+        out = self.scheduler.schedule(started_s, drafts)
         if not out.is_empty:
             if self.threads is not None:
                 self.threads.tick()
-            self._run(out)
+            self._run(out, started_s)
         elif not has_compiled:  # a grammar compiling: not a busy loop (the offline API steps in one)
             self.structured.wait(self._compiling(), 0.01)
         self._publish()
@@ -266,9 +267,9 @@ class EngineCore:
             cuda_graph_memory_bytes=graphs.memory_bytes,
         )
 
-    def _run(self, out: SchedulerOutput) -> None:
-        """Run the scheduled work: forward, sample, advance the scheduler, then stream each request's delta."""
-        started_s = time.monotonic()
+    def _run(self, out: SchedulerOutput, started_s: float) -> None:
+        """Run the scheduled work: forward, sample, advance the scheduler, then stream each request's delta.
+        `started_s`: when the step began (before drafting and scheduling)."""
         step = self._step_work(out)
         sampled = self._execute(step, out.draft_token_ids)
         self.scheduler.update(out, {rid: [t for t, _ in tokens] for rid, tokens in sampled.items()})

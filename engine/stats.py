@@ -22,7 +22,7 @@ class EngineStats:
     num_queued: int = 0  # of the waiting requests, those never scheduled (what max_waiting_requests bounds)
     prefill_tokens_per_s: float = 0.0  # recent prompt throughput of steps busy with prefill (0 until one ran)
     num_steps: int = 0  # forward passes so far
-    step_s_total: float = 0.0  # the steps' time: forward, sampling and the scheduler's update (busy, not idle)
+    step_s_total: float = 0.0  # the steps' time: drafting, scheduling, forward, sampling, the update (busy, not idle)
     num_draft_tokens_total: int = 0  # speculative drafts verified
     num_accepted_tokens_total: int = 0  # of which accepted
     num_grammars_pending: int = 0  # grammar compiles queued or running (what max_pending_grammars bounds)

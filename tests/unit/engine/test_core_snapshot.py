@@ -149,6 +149,23 @@ def test_the_snapshot_counts_the_steps_and_their_busy_time() -> None:
     assert 0 < stats.step_s_total <= wall_s  # read 0: the snapshot did not carry the steps' time
 
 
+def test_a_steps_busy_time_counts_its_scheduling() -> None:
+    """A policy that takes long to decide costs busy time: what the tenants goal's tokens per busy second read."""
+    core, _ = fake_core()
+    schedule = core.scheduler.schedule
+
+    def slow(now_s: float, drafts: Any = None) -> Any:
+        time.sleep(0.02)
+        return schedule(now_s, drafts)
+
+    core.scheduler.schedule = slow  # type: ignore[method-assign]
+    core.submit("r", core.processor.process(Prompt(token_ids=[5, 6]), SamplingParams(max_tokens=3)), lambda out: None)
+    while core.has_work:
+        core.step()
+    stats = core.stats()
+    assert stats.num_steps == 3 and stats.step_s_total >= 3 * 0.02  # read the forward passes' time alone before
+
+
 def test_the_snapshot_reports_the_cuda_graphs_captured_at_start() -> None:
     core, _ = fake_core()
     assert (core.stats().cuda_graphs, core.stats().cuda_graph_memory_bytes) == (0, 0)  # none on the CPU
