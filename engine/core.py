@@ -1,8 +1,8 @@
 """EngineCore: the step loop. Schedule, run one forward pass and sample it, verify drafts, then postprocess.
 
 Each of those is one owner's call: the `Scheduler` (the request table), the `Runner` (the forward pass and
-its sampling on the model's device: the core gets token ids, never logits), the `Verifier` (sampler.py: the
-step's sampling rows with the grammar bitmask, then draft acceptance), the
+its sampling on the model's device: the core gets token ids, never logits), the `Verifier` (speculation/verifier.py:
+the step's sampling rows with the grammar bitmask, then draft acceptance), the
 `OutputProcessor` (grammar accept, detokenizing, stops, the deltas). The core holds the glue: requests and
 aborts arrive through a thread-safe inbox and are taken in at the start of a step, outputs leave through
 each request's sink, and after each step it publishes a snapshot (`EngineStats`) that other threads read

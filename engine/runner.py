@@ -121,7 +121,6 @@ class ModelRunner:
         inputs = self.inputs
         width = inputs.max_blocks_per_seq if pad_to else max(len(w.block_table) for w in work)
         inputs.reserve(n, num_seqs, width)
-        width = inputs.max_blocks_per_seq if pad_to else width
         inputs.host("input_ids")[:n] = ids
         inputs.host("positions")[:n] = positions
         inputs.host("slot_mapping")[:n] = slots
@@ -167,8 +166,7 @@ class ModelRunner:
         return self.model.compute_logits(self.model(step))
 
     def _forward(self, work: Sequence[SeqWork], batch: SamplingBatch | None) -> tuple[torch.Tensor, Prepared]:
-        size = self.graphs.size_for(work) if self.graphs is not None else None
-        if self.graphs is not None and size is not None:
+        if self.graphs is not None and (size := self.graphs.size_for(work)) is not None:
             prepared = self.prepare(work, batch, pad_to=size)
             return self.graphs.run(size, prepared.step)[: len(work)], prepared
         prepared = self.prepare(work, batch)

@@ -12,6 +12,7 @@ from its own generator and gets the same tokens whatever else is in the batch.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,10 +68,21 @@ class SamplingBatch:
         """Every row takes the argmax of its logits as they are: nothing to copy, mask or draw."""
         return self.mask is None and all(_plain_greedy(r) for r in self.rows)
 
-    @property
+    @functools.cached_property
     def drawn(self) -> list[int]:
         """The rows that draw (not greedy)."""
         return [i for i, r in enumerate(self.rows) if not r.params.is_greedy]
+
+    def drawn_columns(self) -> dict[str, list[int] | list[float]]:
+        """The drawing rows and their parameters, by `SamplingTensors` field (and `StepInputs` region)."""
+        params = [self.rows[i].params for i in self.drawn]
+        return {
+            "drawn": self.drawn,
+            "temperature": [p.temperature for p in params],
+            "top_k": [p.top_k for p in params],
+            "top_p": [p.top_p for p in params],
+            "min_p": [p.min_p for p in params],
+        }
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,7 @@ class SamplingTensors:
     """The drawing rows and their parameters on the device, in `SamplingBatch.drawn` order (views of the step's
     inputs: sent with them in one copy)."""
 
-    rows: torch.Tensor  # [num_drawn] int64
+    drawn: torch.Tensor  # [num_drawn] int64
     temperature: torch.Tensor  # [num_drawn] fp32
     top_k: torch.Tensor  # [num_drawn] int64 (0: off)
     top_p: torch.Tensor  # [num_drawn] fp32
@@ -86,16 +98,14 @@ class SamplingTensors:
 
     @classmethod
     def of(cls, batch: SamplingBatch, device: torch.device) -> SamplingTensors:
-        """Made for this batch alone (a caller without the step's inputs: tests, the one-by-one retry)."""
-        drawn = batch.drawn
-        params = [batch.rows[i].params for i in drawn]
-        return cls(
-            torch.tensor(drawn, dtype=torch.int64, device=device),
-            torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
-            torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
-        )
+        """Made for this batch alone (a caller without the step's inputs: tests)."""
+        columns = batch.drawn_columns()
+        return cls(**{name: torch.tensor(values, dtype=_DTYPES[name], device=device)
+                      for name, values in columns.items()})  # fmt: skip
+
+
+_DTYPES = {"drawn": torch.int64, "temperature": torch.float32, "top_k": torch.int64, "top_p": torch.float32,
+           "min_p": torch.float32}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -233,16 +243,10 @@ class Sampler:
 
     def write_inputs(self, batch: SamplingBatch, inputs: StepInputs) -> SamplingTensors:
         """The drawing rows' parameters into the step's inputs (sent with them); their device views."""
-        drawn = batch.drawn
-        k = len(drawn)
-        params = [batch.rows[i].params for i in drawn]
-        inputs.host("sampled")[:k] = drawn
-        inputs.host("temperature")[:k] = [p.temperature for p in params]
-        inputs.host("top_k")[:k] = [p.top_k for p in params]
-        inputs.host("top_p")[:k] = [p.top_p for p in params]
-        inputs.host("min_p")[:k] = [p.min_p for p in params]
-        return SamplingTensors(*(inputs.view(name)[:k] for name in ("sampled", "temperature", "top_k", "top_p",
-                                                                     "min_p")))  # fmt: skip
+        k = len(batch.drawn)
+        for name, values in batch.drawn_columns().items():
+            inputs.host(name)[:k] = values
+        return SamplingTensors(**{name: inputs.view(name)[:k] for name in _DTYPES})
 
     def __call__(
         self, logits: torch.Tensor, batch: SamplingBatch, tensors: SamplingTensors | None = None
@@ -272,7 +276,7 @@ class Sampler:
         if drawn:
             t = tensors if tensors is not None else SamplingTensors.of(batch, logits.device)
             sub_rows = [rows[i] for i in drawn]
-            token_ids[t.rows] = _draw(_filter(logits[t.rows], sub_rows, t), sub_rows, self.generator)
+            token_ids[t.drawn] = _draw(_filter(logits[t.drawn], sub_rows, t), sub_rows, self.generator)
         parts = [token_ids, finite]
         wants_logprobs = any(r.params.logprobs is not None for r in rows)
         if wants_logprobs:

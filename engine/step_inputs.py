@@ -7,13 +7,13 @@ buffer), sends it in one non-blocking copy, and reads device views that start at
 step: a decode step replayed from a CUDA graph reads its inputs where the graph was captured. On the CPU
 the host buffer is the device buffer (no copy at all).
 
-A region holds `capacity` items; a step that needs more grows every region (new storage: never while
-CUDA graphs hold the old addresses, which `freeze` forbids).
+Each region has room for the largest step sized at start; a step that needs more grows every region (new
+storage: never while CUDA graphs hold the old addresses, which `freeze` forbids).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -25,19 +25,24 @@ _ALIGN = 64  # bytes between regions: each starts aligned for any dtype and a ve
 class Region:
     name: str
     dtype: torch.dtype
-    size: int  # items, in capacity units (see `_layout`)
+    size: int  # items
     offset: int = 0  # bytes from the buffer's start
 
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
 
-def _layout(max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> list[Region]:
-    """The regions, in order, with room for a step of `max_tokens` tokens over `max_seqs` sequences."""
+
+def _layout(max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> tuple[list[Region], int]:
+    """The regions, in order, with room for a step of `max_tokens` tokens over `max_seqs` sequences; and the
+    buffer's size in bytes."""
     regions = [
         Region("input_ids", torch.int64, max_tokens),
         Region("positions", torch.int64, max_tokens),
         Region("slot_mapping", torch.int64, max_tokens),
         Region("sample_rows", torch.int64, max_tokens),  # rows of the flat batch that sample
-        Region("sampled", torch.int64, max_tokens),  # sampling rows that draw (not greedy)
-        Region("top_k", torch.int64, max_tokens),  # of the drawing rows, in `sampled` order (so below too)
+        Region("drawn", torch.int64, max_tokens),  # sampling rows that draw (not greedy)
+        Region("top_k", torch.int64, max_tokens),  # of the drawing rows, in `drawn` order (so below too)
         Region("temperature", torch.float32, max_tokens),
         Region("top_p", torch.float32, max_tokens),
         Region("min_p", torch.float32, max_tokens),
@@ -47,10 +52,9 @@ def _layout(max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> list[Reg
     ]
     placed, offset = [], 0
     for r in regions:
-        placed.append(Region(r.name, r.dtype, r.size, offset))
-        nbytes = r.size * torch.tensor([], dtype=r.dtype).element_size()
-        offset += -(-nbytes // _ALIGN) * _ALIGN
-    return placed
+        placed.append(replace(r, offset=offset))
+        offset += -(-r.nbytes // _ALIGN) * _ALIGN
+    return placed, offset
 
 
 _NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
@@ -69,22 +73,15 @@ class StepInputs:
 
     def _allocate(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> None:
         self.max_tokens, self.max_seqs, self.max_blocks_per_seq = max_tokens, max_seqs, max_blocks_per_seq
-        self.regions = {r.name: r for r in _layout(max_tokens, max_seqs, max_blocks_per_seq)}
-        last = list(self.regions.values())[-1]
-        nbytes = last.offset + -(-last.size * _itemsize(last.dtype) // _ALIGN) * _ALIGN
+        regions, nbytes = _layout(max_tokens, max_seqs, max_blocks_per_seq)
+        self.regions = {r.name: r for r in regions}
         on_cpu = self.device.type == "cpu"
         # NOTE: pinned host memory: the copy runs without staging and without blocking the host
         self.host_buffer = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=not on_cpu and torch.cuda.is_available())
         self.buffer = self.host_buffer if on_cpu else torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
         raw = self.host_buffer.numpy()
-        self._host_views = {
-            r.name: raw[r.offset : r.offset + r.size * _itemsize(r.dtype)].view(_NUMPY[r.dtype])
-            for r in self.regions.values()
-        }
-        self._device_views = {
-            r.name: self.buffer[r.offset : r.offset + r.size * _itemsize(r.dtype)].view(r.dtype)
-            for r in self.regions.values()
-        }
+        self._host_views = {r.name: raw[r.offset : r.offset + r.nbytes].view(_NUMPY[r.dtype]) for r in regions}
+        self._device_views = {r.name: self.buffer[r.offset : r.offset + r.nbytes].view(r.dtype) for r in regions}
 
     def reserve(self, num_tokens: int, num_seqs: int, blocks_per_seq: int) -> None:
         """Room for a step of this size: every region grown (to twice what is asked) when one is too small."""
@@ -117,7 +114,3 @@ class StepInputs:
         """The host copy to the device: one non-blocking copy of the whole buffer (nothing on the CPU)."""
         if self.buffer is not self.host_buffer:
             self.buffer.copy_(self.host_buffer, non_blocking=True)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.tensor([], dtype=dtype).element_size()
